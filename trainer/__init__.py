@@ -1,0 +1,1 @@
+"""The application: flags, data, tokenizer, training loop, export and CLIs."""
