@@ -1,0 +1,121 @@
+"""TransformerConfig: every hyperparameter of the model in one dataclass.
+
+Presets are named after the paper's rows ("Attention Is All You Need", Table 3):
+`base` and `big`; every other row is `dataclasses.replace(TransformerConfig.base(...), ...)`.
+`tiny` and `small` are this project's presets that train on a 2-core CPU.
+"""
+
+import dataclasses
+from typing import Optional
+
+POSITIONAL_KINDS = ("sinusoidal", "learned")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyperparameters of the Transformer (paper section 3, Table 3).
+
+    Attributes:
+      vocab_size: target vocabulary size (and source, unless `source_vocab_size` is set).
+      num_layers: N, identical layers in each of the encoder and decoder stacks.
+      d_model: width of every sublayer output and of the embeddings.
+      d_ff: inner width of the position-wise feed-forward network.
+      num_heads: h, parallel attention heads.
+      key_dim: d_k per head; None means d_model / h.
+      value_dim: d_v per head; None means d_model / h.
+      dropout: P_drop on every sublayer output and on embeddings + positional encodings.
+      attention_dropout: dropout on attention weights (not in the paper, so 0 by default).
+      label_smoothing: epsilon_ls of the training loss (section 5.4).
+      positional: "sinusoidal" (section 3.5) or "learned" (Table 3 row E).
+      share_embeddings: one matrix for source embedding, target embedding and pre-softmax
+        projection (section 3.4). False gives the source its own embedding matrix; the
+        target embedding stays tied to the pre-softmax projection.
+      pre_norm: x + Dropout(Sublayer(LayerNorm(x))) instead of the paper's post-norm
+        LayerNorm(x + Dropout(Sublayer(x))).
+      max_length: longest sequence the model accepts (size of the learned position table
+        and of the decoding cache).
+      source_vocab_size: source vocabulary size when it differs from the target's
+        (requires share_embeddings=False); None means vocab_size.
+    """
+
+    vocab_size: int = 37000
+    num_layers: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    num_heads: int = 8
+    key_dim: Optional[int] = None
+    value_dim: Optional[int] = None
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    label_smoothing: float = 0.1
+    positional: str = "sinusoidal"
+    share_embeddings: bool = True
+    pre_norm: bool = False
+    max_length: int = 256
+    source_vocab_size: Optional[int] = None
+
+    def __post_init__(self):
+        if self.positional not in POSITIONAL_KINDS:
+            raise ValueError(
+                f"positional must be one of {POSITIONAL_KINDS}, got {self.positional!r}")
+        if (self.key_dim is None or self.value_dim is None) and self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
+                "set key_dim and value_dim explicitly")
+        if self.share_embeddings and self.source_vocab_size not in (None, self.vocab_size):
+            raise ValueError("separate source and target vocabularies need share_embeddings=False")
+        for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "max_length"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("dropout", "attention_dropout", "label_smoothing"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+    @property
+    def d_k(self) -> int:
+        return self.key_dim or self.d_model // self.num_heads
+
+    @property
+    def d_v(self) -> int:
+        return self.value_dim or self.d_model // self.num_heads
+
+    @property
+    def input_vocab_size(self) -> int:
+        return self.source_vocab_size or self.vocab_size
+
+    @classmethod
+    def base(cls, vocab_size: int = 37000, **overrides) -> "TransformerConfig":
+        """Transformer (base model), Table 3: 65M parameters, 100k steps."""
+        return cls(vocab_size=vocab_size, num_layers=6, d_model=512, d_ff=2048, num_heads=8,
+                   dropout=0.1, **overrides)
+
+    @classmethod
+    def big(cls, vocab_size: int = 37000, **overrides) -> "TransformerConfig":
+        """Transformer (big), Table 3: 213M parameters, 300k steps (0.1 dropout for en-fr)."""
+        return cls(vocab_size=vocab_size, num_layers=6, d_model=1024, d_ff=4096, num_heads=16,
+                   dropout=0.3, **overrides)
+
+    @classmethod
+    def small(cls, vocab_size: int = 8000, **overrides) -> "TransformerConfig":
+        """A 3-layer, d_model=256 model for Multi30k-sized corpora on a CPU."""
+        return cls(vocab_size=vocab_size, num_layers=3, d_model=256, d_ff=1024, num_heads=4,
+                   dropout=0.1, max_length=128, **overrides)
+
+    @classmethod
+    def tiny(cls, vocab_size: int = 1000, **overrides) -> "TransformerConfig":
+        """A 2-layer, d_model=64 model for tests and the builtin corpus."""
+        return cls(vocab_size=vocab_size, num_layers=2, d_model=64, d_ff=256, num_heads=4,
+                   dropout=0.1, max_length=128, **overrides)
+
+    @classmethod
+    def preset(cls, name: str, vocab_size: int, **overrides) -> "TransformerConfig":
+        """The preset called `name` ("tiny", "small", "base" or "big")."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        return getattr(cls, name)(vocab_size=vocab_size, **overrides)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+PRESETS = ("tiny", "small", "base", "big")

@@ -1,0 +1,186 @@
+"""The decoder stack (paper section 3.1, Figure 1 right), with the incremental
+decoding used by beam search: a fixed-size key/value cache for self-attention and
+encoder-decoder keys and values computed once per sentence."""
+
+import keras
+from keras import ops
+
+from keras_transformer.attention import MultiHeadAttention
+from keras_transformer.feed_forward import PositionwiseFeedForward
+from keras_transformer.residual import Residual
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class DecoderLayer(keras.layers.Layer):
+    """Masked self-attention, encoder-decoder attention and a feed-forward network,
+    each wrapped in a residual connection with layer normalisation.
+
+    Args: as EncoderLayer.
+
+    Call: x [batch, tgt_len, d_model], encoder_output [batch, src_len, d_model],
+      self_attention_mask bool [1, 1, tgt_len, tgt_len] (causal),
+      cross_attention_mask bool [batch, 1, 1, src_len] (source padding)
+      -> [batch, tgt_len, d_model] (plus encoder-decoder attention weights
+      [batch, heads, tgt_len, src_len] with return_attention_scores=True).
+    """
+
+    def __init__(self, d_model, num_heads, d_ff, key_dim=None, value_dim=None, dropout=0.1,
+                 attention_dropout=0.0, pre_norm=False, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model, self.num_heads, self.d_ff = d_model, num_heads, d_ff
+        self.key_dim, self.value_dim = key_dim, value_dim
+        self.rate, self.attention_rate, self.pre_norm = dropout, attention_dropout, pre_norm
+        policy = dict(dtype=self.dtype_policy)
+        self.self_attention = MultiHeadAttention(num_heads, d_model, key_dim, value_dim,
+                                                 attention_dropout, name="self_attention",
+                                                 **policy)
+        self.self_attention_residual = Residual(dropout, pre_norm, **policy)
+        self.cross_attention = MultiHeadAttention(num_heads, d_model, key_dim, value_dim,
+                                                  attention_dropout, name="cross_attention",
+                                                  **policy)
+        self.cross_attention_residual = Residual(dropout, pre_norm, **policy)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, name="feed_forward",
+                                                    **policy)
+        self.feed_forward_residual = Residual(dropout, pre_norm, **policy)
+
+    def build(self, x_shape, encoder_output_shape, self_attention_mask_shape=None,
+              cross_attention_mask_shape=None):
+        self.self_attention.build(x_shape)
+        self.cross_attention.build(x_shape, encoder_output_shape)
+        for layer in (self.self_attention_residual, self.cross_attention_residual,
+                      self.feed_forward, self.feed_forward_residual):
+            layer.build(x_shape)
+        self.built = True
+
+    def _cross_and_feed_forward(self, x, cross_key_value, cross_attention_mask, training):
+        y = self.cross_attention_residual.sublayer_input(x)
+        y, weights = self.cross_attention.attend(y, cross_key_value, cross_attention_mask,
+                                                 training=training)
+        x = self.cross_attention_residual(x, y, training=training)
+        y = self.feed_forward(self.feed_forward_residual.sublayer_input(x))
+        return self.feed_forward_residual(x, y, training=training), weights
+
+    def call(self, x, encoder_output, self_attention_mask=None, cross_attention_mask=None,
+             training=None, return_attention_scores=False):
+        y = self.self_attention_residual.sublayer_input(x)
+        y = self.self_attention(y, y, attention_mask=self_attention_mask, training=training)
+        x = self.self_attention_residual(x, y, training=training)
+        x, weights = self._cross_and_feed_forward(
+            x, self.cross_attention.project_key_value(encoder_output), cross_attention_mask,
+            training)
+        return (x, weights) if return_attention_scores else x
+
+    def initial_cache(self, encoder_output, max_length):
+        """Empty self-attention cache and the encoder-decoder keys and values.
+
+        Returns a dict: "key" [batch, heads, max_length, d_k], "value"
+        [batch, heads, max_length, d_v] (zeros), "cross_key" [batch, heads, src_len, d_k],
+        "cross_value" [batch, heads, src_len, d_v].
+        """
+        cross_key, cross_value = self.cross_attention.project_key_value(encoder_output)
+        batch, heads = ops.shape(encoder_output)[0], self.num_heads
+        attention = self.self_attention
+        return {
+            "key": ops.zeros((batch, heads, max_length, attention.key_dim), cross_key.dtype),
+            "value": ops.zeros((batch, heads, max_length, attention.value_dim),
+                               cross_value.dtype),
+            "cross_key": cross_key,
+            "cross_value": cross_value,
+        }
+
+    def step(self, x, cache, index, cross_attention_mask):
+        """Decode position `index` given the cache of positions < index.
+
+        Args:
+          x: [batch, 1, d_model], the embedded token at position `index`.
+          cache: dict from `initial_cache` (or a previous step).
+          index: scalar int, the position being decoded.
+          cross_attention_mask: bool [batch, 1, 1, src_len].
+        Returns:
+          ([batch, 1, d_model], the cache with position `index` written).
+        """
+        max_length = ops.shape(cache["key"])[2]
+        y = self.self_attention_residual.sublayer_input(x)
+        key, value = self.self_attention.project_key_value(y)  # [batch, heads, 1, d]
+        # Slot `index` of a cache is zero until written, so adding writes it; a one-hot
+        # update keeps every shape static for tf.while_loop and XLA.
+        slot = ops.cast(ops.one_hot(index, max_length), key.dtype)[None, None, :, None]
+        cache = {**cache, "key": cache["key"] + key * slot, "value": cache["value"] + value * slot}
+        visible = (ops.arange(max_length) <= index)[None, None, None, :]
+        y, _ = self.self_attention.attend(y, (cache["key"], cache["value"]), visible)
+        x = self.self_attention_residual(x, y)
+        x, _ = self._cross_and_feed_forward(x, (cache["cross_key"], cache["cross_value"]),
+                                            cross_attention_mask, training=False)
+        return x, cache
+
+    def compute_output_shape(self, x_shape, *args, **kwargs):
+        return x_shape
+
+    def get_config(self):
+        return {**super().get_config(), "d_model": self.d_model, "num_heads": self.num_heads,
+                "d_ff": self.d_ff, "key_dim": self.key_dim, "value_dim": self.value_dim,
+                "dropout": self.rate, "attention_dropout": self.attention_rate,
+                "pre_norm": self.pre_norm}
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Decoder(keras.layers.Layer):
+    """N decoder layers (and a final LayerNorm when pre_norm).
+
+    Call: x [batch, tgt_len, d_model] (embedded, with positions),
+      encoder_output [batch, src_len, d_model], self_attention_mask, cross_attention_mask
+      (see DecoderLayer) -> [batch, tgt_len, d_model] (plus a list of N encoder-decoder
+      attention weight tensors with return_attention_scores=True).
+    """
+
+    def __init__(self, num_layers, d_model, num_heads, d_ff, key_dim=None, value_dim=None,
+                 dropout=0.1, attention_dropout=0.0, pre_norm=False, **kwargs):
+        super().__init__(**kwargs)
+        self.layer_args = dict(d_model=d_model, num_heads=num_heads, d_ff=d_ff, key_dim=key_dim,
+                               value_dim=value_dim, dropout=dropout,
+                               attention_dropout=attention_dropout, pre_norm=pre_norm)
+        self.num_layers = num_layers
+        self.layers = [DecoderLayer(**self.layer_args, name=f"layer_{i}", dtype=self.dtype_policy)
+                       for i in range(num_layers)]
+        self.final_norm = (keras.layers.LayerNormalization(epsilon=1e-6, name="final_norm",
+                                                           dtype=self.dtype_policy)
+                           if pre_norm else None)
+
+    def build(self, x_shape, encoder_output_shape, self_attention_mask_shape=None,
+              cross_attention_mask_shape=None):
+        for layer in self.layers:
+            layer.build(x_shape, encoder_output_shape)
+        if self.final_norm is not None:
+            self.final_norm.build(x_shape)
+        self.built = True
+
+    def _finish(self, x):
+        return self.final_norm(x) if self.final_norm is not None else x
+
+    def call(self, x, encoder_output, self_attention_mask=None, cross_attention_mask=None,
+             training=None, return_attention_scores=False):
+        all_weights = []
+        for layer in self.layers:
+            x, weights = layer(x, encoder_output, self_attention_mask, cross_attention_mask,
+                               training=training, return_attention_scores=True)
+            all_weights.append(weights)
+        x = self._finish(x)
+        return (x, all_weights) if return_attention_scores else x
+
+    def initial_cache(self, encoder_output, max_length):
+        """A list of N per-layer caches (see DecoderLayer.initial_cache)."""
+        return [layer.initial_cache(encoder_output, max_length) for layer in self.layers]
+
+    def step(self, x, cache, index, cross_attention_mask):
+        """x [batch, 1, d_model] at position `index` -> ([batch, 1, d_model], new cache)."""
+        new_cache = []
+        for layer, layer_cache in zip(self.layers, cache):
+            x, layer_cache = layer.step(x, layer_cache, index, cross_attention_mask)
+            new_cache.append(layer_cache)
+        return self._finish(x), new_cache
+
+    def compute_output_shape(self, x_shape, *args, **kwargs):
+        return x_shape
+
+    def get_config(self):
+        return {**super().get_config(), "num_layers": self.num_layers, **self.layer_args}

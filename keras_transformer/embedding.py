@@ -1,0 +1,49 @@
+"""Token embeddings shared with the pre-softmax projection (paper section 3.4)."""
+
+import math
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class SharedEmbedding(keras.layers.Layer):
+    """One [vocab_size, d_model] matrix used as an embedding (scaled by sqrt(d_model))
+    and, transposed, as the pre-softmax linear transformation.
+
+    Call: ids int [batch, length] -> [batch, length, d_model].
+    `logits`: [batch, length, d_model] -> float32 [batch, length, vocab_size].
+
+    Args:
+      vocab_size: rows of the matrix.
+      d_model: columns of the matrix.
+    """
+
+    def __init__(self, vocab_size, d_model, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+
+    def build(self, input_shape=None):
+        # N(0, d_model^-1/2) makes the scaled embeddings unit-variance, like the
+        # positional encodings they are added to.
+        self.embeddings = self.add_weight(
+            name="embeddings", shape=(self.vocab_size, self.d_model),
+            initializer=keras.initializers.RandomNormal(stddev=self.d_model ** -0.5))
+        self.built = True
+
+    def call(self, ids):
+        embeddings = ops.cast(self.embeddings, self.compute_dtype)
+        return ops.take(embeddings, ids, axis=0) * ops.cast(math.sqrt(self.d_model),
+                                                            self.compute_dtype)
+
+    def logits(self, x):
+        """Pre-softmax projection x W^T; float32 logits [..., vocab_size]."""
+        embeddings = ops.cast(self.embeddings, self.compute_dtype)
+        return ops.cast(ops.matmul(x, ops.transpose(embeddings)), "float32")
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape) + (self.d_model,)
+
+    def get_config(self):
+        return {**super().get_config(), "vocab_size": self.vocab_size, "d_model": self.d_model}

@@ -1,0 +1,113 @@
+"""The encoder stack (paper section 3.1, Figure 1 left)."""
+
+import keras
+
+from keras_transformer.attention import MultiHeadAttention
+from keras_transformer.feed_forward import PositionwiseFeedForward
+from keras_transformer.residual import Residual
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class EncoderLayer(keras.layers.Layer):
+    """Multi-head self-attention then a position-wise feed-forward network, each
+    wrapped in a residual connection with layer normalisation.
+
+    Args:
+      d_model, num_heads, d_ff, key_dim, value_dim: as in TransformerConfig.
+      dropout: P_drop on each sublayer output.
+      attention_dropout: dropout on the attention weights.
+      pre_norm: pre-norm residual blocks instead of the paper's post-norm.
+
+    Call: x [batch, src_len, d_model], attention_mask bool [batch, 1, 1, src_len]
+      -> [batch, src_len, d_model] (plus self-attention weights
+      [batch, heads, src_len, src_len] with return_attention_scores=True).
+    """
+
+    def __init__(self, d_model, num_heads, d_ff, key_dim=None, value_dim=None, dropout=0.1,
+                 attention_dropout=0.0, pre_norm=False, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model, self.num_heads, self.d_ff = d_model, num_heads, d_ff
+        self.key_dim, self.value_dim = key_dim, value_dim
+        self.rate, self.attention_rate, self.pre_norm = dropout, attention_dropout, pre_norm
+        policy = dict(dtype=self.dtype_policy)
+        self.self_attention = MultiHeadAttention(num_heads, d_model, key_dim, value_dim,
+                                                 attention_dropout, name="self_attention",
+                                                 **policy)
+        self.self_attention_residual = Residual(dropout, pre_norm, **policy)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, name="feed_forward",
+                                                    **policy)
+        self.feed_forward_residual = Residual(dropout, pre_norm, **policy)
+
+    def build(self, x_shape, attention_mask_shape=None):
+        for layer in (self.self_attention, self.self_attention_residual, self.feed_forward,
+                      self.feed_forward_residual):
+            layer.build(x_shape)
+        self.built = True
+
+    def call(self, x, attention_mask=None, training=None, return_attention_scores=False):
+        y = self.self_attention_residual.sublayer_input(x)
+        y, weights = self.self_attention(y, y, attention_mask=attention_mask, training=training,
+                                         return_attention_scores=True)
+        x = self.self_attention_residual(x, y, training=training)
+        y = self.feed_forward(self.feed_forward_residual.sublayer_input(x))
+        x = self.feed_forward_residual(x, y, training=training)
+        return (x, weights) if return_attention_scores else x
+
+    def compute_output_shape(self, x_shape, attention_mask_shape=None):
+        return x_shape
+
+    def get_config(self):
+        return {**super().get_config(), "d_model": self.d_model, "num_heads": self.num_heads,
+                "d_ff": self.d_ff, "key_dim": self.key_dim, "value_dim": self.value_dim,
+                "dropout": self.rate, "attention_dropout": self.attention_rate,
+                "pre_norm": self.pre_norm}
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Encoder(keras.layers.Layer):
+    """N encoder layers (and a final LayerNorm when pre_norm, since pre-norm blocks
+    leave their sum unnormalised).
+
+    Args:
+      num_layers: N. Other args as in EncoderLayer.
+
+    Call: x [batch, src_len, d_model] (embedded, with positions),
+      attention_mask bool [batch, 1, 1, src_len] -> [batch, src_len, d_model]
+      (plus a list of N self-attention weight tensors with return_attention_scores=True).
+    """
+
+    def __init__(self, num_layers, d_model, num_heads, d_ff, key_dim=None, value_dim=None,
+                 dropout=0.1, attention_dropout=0.0, pre_norm=False, **kwargs):
+        super().__init__(**kwargs)
+        self.layer_args = dict(d_model=d_model, num_heads=num_heads, d_ff=d_ff, key_dim=key_dim,
+                               value_dim=value_dim, dropout=dropout,
+                               attention_dropout=attention_dropout, pre_norm=pre_norm)
+        self.num_layers = num_layers
+        self.layers = [EncoderLayer(**self.layer_args, name=f"layer_{i}", dtype=self.dtype_policy)
+                       for i in range(num_layers)]
+        self.final_norm = (keras.layers.LayerNormalization(epsilon=1e-6, name="final_norm",
+                                                           dtype=self.dtype_policy)
+                           if pre_norm else None)
+
+    def build(self, x_shape, attention_mask_shape=None):
+        for layer in self.layers:
+            layer.build(x_shape)
+        if self.final_norm is not None:
+            self.final_norm.build(x_shape)
+        self.built = True
+
+    def call(self, x, attention_mask=None, training=None, return_attention_scores=False):
+        all_weights = []
+        for layer in self.layers:
+            x, weights = layer(x, attention_mask, training=training,
+                               return_attention_scores=True)
+            all_weights.append(weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return (x, all_weights) if return_attention_scores else x
+
+    def compute_output_shape(self, x_shape, attention_mask_shape=None):
+        return x_shape
+
+    def get_config(self):
+        return {**super().get_config(), "num_layers": self.num_layers, **self.layer_args}

@@ -1,0 +1,37 @@
+"""Position-wise feed-forward network (paper section 3.3)."""
+
+import keras
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionwiseFeedForward(keras.layers.Layer):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position alike.
+
+    Args:
+      d_model: input and output width.
+      d_ff: inner width.
+
+    Call: [batch, length, d_model] -> [batch, length, d_model].
+    """
+
+    def __init__(self, d_model, d_ff, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model = d_model
+        self.d_ff = d_ff
+        self.inner = keras.layers.Dense(d_ff, activation="relu", name="inner",
+                                        dtype=self.dtype_policy)
+        self.outer = keras.layers.Dense(d_model, name="outer", dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        self.inner.build(input_shape)
+        self.outer.build(tuple(input_shape[:-1]) + (self.d_ff,))
+        self.built = True
+
+    def call(self, x):
+        return self.outer(self.inner(x))
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.d_model,)
+
+    def get_config(self):
+        return {**super().get_config(), "d_model": self.d_model, "d_ff": self.d_ff}

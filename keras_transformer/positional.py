@@ -1,0 +1,66 @@
+"""Positional information added to the embeddings (paper section 3.5, Table 3 row E)."""
+
+import keras
+import numpy as np
+from keras import ops
+
+
+def positional_encoding(length, d_model):
+    """The paper's sinusoids: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),
+    PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+
+    Args:
+      length: number of positions (a Python int or a scalar tensor).
+      d_model: width of the encoding (even).
+    Returns:
+      float32 [length, d_model]; sines in even columns, cosines in odd ones.
+    """
+    positions = ops.cast(ops.arange(length), "float32")[:, None]  # [length, 1]
+    two_i = np.arange(0, d_model, 2, dtype=np.float32)  # [d_model / 2]
+    angles = positions / np.power(10000.0, two_i / d_model)[None, :]  # [length, d_model / 2]
+    # Interleave so that column 2i is sin and 2i+1 is cos, exactly as in the formula.
+    return ops.reshape(ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1),
+                       (length, d_model))
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionalEncoding(keras.layers.Layer):
+    """Adds positional information to embeddings [batch, length, d_model].
+
+    Args:
+      d_model: embedding width.
+      max_length: positions available to the "learned" kind.
+      kind: "sinusoidal" (fixed, any length) or "learned" (a trained
+        [max_length, d_model] table, Table 3 row E).
+
+    Call: (x [batch, length, d_model], start=0) -> x + PE[start:start + length].
+    `start` lets incremental decoding add the encoding of a single later position.
+    """
+
+    def __init__(self, d_model, max_length, kind="sinusoidal", **kwargs):
+        super().__init__(**kwargs)
+        if kind not in ("sinusoidal", "learned"):
+            raise ValueError(f"kind must be 'sinusoidal' or 'learned', got {kind!r}")
+        self.d_model = d_model
+        self.max_length = max_length
+        self.kind = kind
+
+    def build(self, input_shape=None):
+        if self.kind == "learned":
+            self.position_embeddings = self.add_weight(
+                name="position_embeddings", shape=(self.max_length, self.d_model),
+                initializer=keras.initializers.RandomNormal(stddev=0.02))
+        self.built = True
+
+    def call(self, x, start=0):
+        length = ops.shape(x)[1]
+        if self.kind == "learned":
+            table = ops.slice(self.position_embeddings, (start, 0), (length, self.d_model))
+        else:
+            table = ops.slice(positional_encoding(start + length, self.d_model), (start, 0),
+                              (length, self.d_model))
+        return x + ops.cast(table, x.dtype)[None, :, :]
+
+    def get_config(self):
+        return {**super().get_config(), "d_model": self.d_model,
+                "max_length": self.max_length, "kind": self.kind}

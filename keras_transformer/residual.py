@@ -1,0 +1,43 @@
+"""The residual connection around every sublayer (paper section 3.1 and 5.4)."""
+
+import keras
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Residual(keras.layers.Layer):
+    """LayerNorm(x + Dropout(Sublayer(x))) (post-norm, the paper), or
+    x + Dropout(Sublayer(LayerNorm(x))) with pre_norm=True.
+
+    Usage around a sublayer f:  y = f(residual.sublayer_input(x));  x = residual(x, y)
+
+    Args:
+      dropout: P_drop on the sublayer output.
+      pre_norm: normalise the sublayer's input instead of the sum.
+    """
+
+    def __init__(self, dropout=0.1, pre_norm=False, **kwargs):
+        super().__init__(**kwargs)
+        self.rate = dropout
+        self.pre_norm = pre_norm
+        self.dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.layer_norm = keras.layers.LayerNormalization(epsilon=1e-6, name="layer_norm",
+                                                          dtype=self.dtype_policy)
+
+    def build(self, x_shape, sublayer_output_shape=None):
+        self.layer_norm.build(x_shape)
+        self.built = True
+
+    def sublayer_input(self, x):
+        """What the sublayer sees: x [batch, length, d_model], normalised when pre_norm."""
+        return self.layer_norm(x) if self.pre_norm else x
+
+    def call(self, x, sublayer_output, training=None):
+        """x, sublayer_output [batch, length, d_model] -> [batch, length, d_model]."""
+        total = x + self.dropout(sublayer_output, training=training)
+        return total if self.pre_norm else self.layer_norm(total)
+
+    def compute_output_shape(self, x_shape, sublayer_output_shape=None):
+        return x_shape
+
+    def get_config(self):
+        return {**super().get_config(), "dropout": self.rate, "pre_norm": self.pre_norm}

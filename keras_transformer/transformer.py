@@ -1,0 +1,136 @@
+"""The Transformer encoder-decoder as a keras.Model (paper section 3, Figure 1)."""
+
+import dataclasses
+
+import keras
+from keras import ops
+
+from keras_transformer.config import TransformerConfig
+from keras_transformer.decoder import Decoder
+from keras_transformer.embedding import SharedEmbedding
+from keras_transformer.encoder import Encoder
+from keras_transformer.masking import causal_mask, padding_mask
+from keras_transformer.positional import PositionalEncoding
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Transformer(keras.Model):
+    """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+    Args:
+      config: a TransformerConfig (or its dict form, as stored by get_config).
+      **kwargs: keras.Model arguments, e.g. dtype="mixed_bfloat16".
+
+    Call: (source_ids int [batch, src_len], target_input_ids int [batch, tgt_len]),
+      pad id 0, target_input_ids = BOS + target -> float32 logits [batch, tgt_len, vocab].
+
+    Example:
+      >>> model = Transformer(TransformerConfig.base(vocab_size=37000))
+      >>> logits = model((source_ids, target_input_ids), training=True)
+
+    `encode`, `decode`, `initial_cache` and `decode_step` are the pieces that
+    decoding (keras_transformer.beam_search) reuses.
+    """
+
+    def __init__(self, config, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(config, dict):
+            config = TransformerConfig(**config)
+        self.config = config
+        policy = dict(dtype=self.dtype_policy)
+        stack = dict(num_layers=config.num_layers, d_model=config.d_model,
+                     num_heads=config.num_heads, d_ff=config.d_ff, key_dim=config.key_dim,
+                     value_dim=config.value_dim, dropout=config.dropout,
+                     attention_dropout=config.attention_dropout, pre_norm=config.pre_norm)
+        # The target embedding is always the pre-softmax matrix; the source shares it
+        # unless share_embeddings is False.
+        self.embedding = SharedEmbedding(config.vocab_size, config.d_model, name="embedding",
+                                         **policy)
+        self.source_embedding = (None if config.share_embeddings else
+                                 SharedEmbedding(config.input_vocab_size, config.d_model,
+                                                 name="source_embedding", **policy))
+        positional = dict(d_model=config.d_model, max_length=config.max_length,
+                          kind=config.positional, **policy)
+        self.source_positions = PositionalEncoding(name="source_positions", **positional)
+        self.target_positions = PositionalEncoding(name="target_positions", **positional)
+        self.source_dropout = keras.layers.Dropout(config.dropout, **policy)
+        self.target_dropout = keras.layers.Dropout(config.dropout, **policy)
+        self.encoder = Encoder(name="encoder", **stack, **policy)
+        self.decoder = Decoder(name="decoder", **stack, **policy)
+
+    def _embed_source(self, source_ids):
+        embedding = self.embedding if self.source_embedding is None else self.source_embedding
+        return self.source_positions(embedding(source_ids))
+
+    def encode(self, source_ids, training=None, return_attention_scores=False):
+        """source_ids int [batch, src_len] -> encoder output [batch, src_len, d_model]
+        (plus N encoder self-attention weights with return_attention_scores=True)."""
+        x = self.source_dropout(self._embed_source(source_ids), training=training)
+        return self.encoder(x, padding_mask(source_ids), training=training,
+                            return_attention_scores=return_attention_scores)
+
+    def decode(self, target_input_ids, encoder_output, source_ids, training=None,
+               return_attention_scores=False):
+        """Teacher-forced decoding of a whole target prefix.
+
+        Args:
+          target_input_ids: int [batch, tgt_len], BOS followed by the target.
+          encoder_output: [batch, src_len, d_model] from `encode`.
+          source_ids: int [batch, src_len], for the source padding mask.
+        Returns:
+          float32 logits [batch, tgt_len, vocab] (plus N encoder-decoder attention
+          weights with return_attention_scores=True).
+        """
+        x = self.target_positions(self.embedding(target_input_ids))
+        x = self.target_dropout(x, training=training)
+        target_len = ops.shape(target_input_ids)[1]
+        outputs = self.decoder(x, encoder_output, causal_mask(target_len),
+                               padding_mask(source_ids), training=training,
+                               return_attention_scores=return_attention_scores)
+        if return_attention_scores:
+            return self.embedding.logits(outputs[0]), outputs[1]
+        return self.embedding.logits(outputs)
+
+    def initial_cache(self, encoder_output, max_length):
+        """The decoding cache for up to `max_length` target positions (see Decoder)."""
+        return self.decoder.initial_cache(encoder_output, max_length)
+
+    def decode_step(self, target_ids, index, cache, source_ids):
+        """One step of incremental decoding.
+
+        Args:
+          target_ids: int [batch], the token at position `index` (BOS at 0).
+          index: scalar int, the position being decoded.
+          cache: from `initial_cache` or the previous step.
+          source_ids: int [batch, src_len], for the source padding mask.
+        Returns:
+          (float32 logits [batch, vocab] for position index + 1, the new cache).
+        """
+        x = self.target_positions(self.embedding(target_ids[:, None]), start=index)
+        x, cache = self.decoder.step(x, cache, index, padding_mask(source_ids))
+        return self.embedding.logits(x)[:, 0, :], cache
+
+    def call(self, inputs, training=None):
+        source_ids, target_input_ids = inputs
+        encoder_output = self.encode(source_ids, training=training)
+        return self.decode(target_input_ids, encoder_output, source_ids, training=training)
+
+    def build(self, input_shape=None):
+        """Creates every weight by running the model once on a dummy pair."""
+        if not self.built:
+            dummy = ops.ones((1, 1), "int32")
+            self.call((dummy, dummy), training=False)
+        self.built = True
+
+    def get_build_config(self):
+        return {"built": True}
+
+    def build_from_config(self, config):
+        self.build()
+
+    def get_config(self):
+        return {**super().get_config(), "config": dataclasses.asdict(self.config)}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
