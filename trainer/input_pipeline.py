@@ -1,0 +1,281 @@
+"""The input pipeline: sentence pairs -> subword ids -> length-bucketed batches, in tf.data.
+
+Each pair becomes three int32 sequences (pad id 0, section 3 of the paper feeds
+the decoder its own output shifted right):
+
+    source_ids        = pieces(source) + [EOS]
+    target_input_ids  = [BOS] + pieces(target)
+    target_output_ids = pieces(target) + [EOS]
+
+and batches have the structure the model and trainer use:
+
+    ((source_ids [batch, length], target_input_ids [batch, length]),
+     target_output_ids [batch, length])
+
+Pairs with an empty side are skipped and pairs with a side longer than
+`max_len` positions are dropped; both are counted (`count_split`), never lost
+silently. Batching follows section 5.1 ("sentence pairs were batched together by
+approximate sequence length"): a pair goes to the smallest bucket length L that
+holds both sides, both sides are padded to L, and a bucket's batch size is
+batch_tokens // L, so no batch holds more than `batch_tokens` source or target
+positions, padding included. The bucket lengths are a small fixed set, so a
+compiled (XLA) step sees few shapes.
+
+`batch_tokens` is per replica: the paper's ~25,000 source + 25,000 target tokens
+per step over 8 GPUs is about batch_tokens=4096 padded positions per GPU.
+"""
+
+import dataclasses
+import functools
+from typing import Callable, Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+from trainer import sources as sources_lib
+from trainer import tokenizer as tokenizer_lib
+from trainer.sources import DataError
+
+# Bucket lengths grow by this factor (rounded up to a multiple of 8): at most
+# ~30% padding per bucket, 11 shapes for max_len=256.
+_BUCKET_GROWTH = 1.3
+_TOKENIZE_BATCH = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """How pairs are turned into batches.
+
+    Attributes:
+      max_len: positions per sequence, BOS/EOS included; longer pairs are dropped.
+      batch_tokens: padded positions per batch and replica, for source and for
+        target each; at least `max_len`.
+      shuffle_buffer: pairs in the training shuffle buffer.
+      seed: shuffle seed; None draws one.
+    """
+
+    max_len: int = 256
+    batch_tokens: int = 4096
+    shuffle_buffer: int = 100_000
+    seed: Optional[int] = None
+
+    def __post_init__(self):
+        if self.max_len < 2:
+            raise DataError(f"max_len must be at least 2 (one piece + BOS/EOS), got {self.max_len}")
+        if self.batch_tokens < self.max_len:
+            raise DataError(f"batch_tokens={self.batch_tokens} is less than max_len={self.max_len}: "
+                            "a longest pair would not fit in a batch")
+
+
+def bucket_lengths(max_len: int) -> List[int]:
+    """The padded lengths batches can have: 8, 16, 24, 32, 48, 64, ... up to max_len."""
+    lengths = [min(8, max_len)]
+    while lengths[-1] < max_len:
+        grown = max(lengths[-1] + 8, -(-int(lengths[-1] * _BUCKET_GROWTH) // 8) * 8)
+        lengths.append(min(grown, max_len))
+    return lengths
+
+
+def bucket_batch_sizes(max_len: int, batch_tokens: int) -> List[int]:
+    """Pairs per batch for each of `bucket_lengths(max_len)`: batch_tokens // length."""
+    return [batch_tokens // length for length in bucket_lengths(max_len)]
+
+
+def _fits(max_len: int, source_length, target_length):
+    """Whether sequences of these lengths (BOS/EOS included) fit `max_len` positions."""
+    return (source_length <= max_len) & (target_length <= max_len)
+
+
+def _encode(tokenizers: tokenizer_lib.Tokenizers, source: tf.Tensor, target: tf.Tensor):
+    """Model sequences of a batch of pairs.
+
+    source, target: tf.string [batch] -> (source_ids, target_input_ids,
+    target_output_ids), int32 RaggedTensors [batch, (length)].
+    """
+    source_pieces = tokenizers.source.tokenize(source)  # [batch, (pieces)]
+    target_pieces = tokenizers.target.tokenize(target)
+    batch = tf.shape(source)[:1]
+    eos = tf.RaggedTensor.from_tensor(tf.fill(tf.concat([batch, [1]], 0), tokenizer_lib.EOS_ID))
+    bos = tf.RaggedTensor.from_tensor(tf.fill(tf.concat([batch, [1]], 0), tokenizer_lib.BOS_ID))
+    return (tf.concat([source_pieces, eos], axis=1),
+            tf.concat([bos, target_pieces], axis=1),
+            tf.concat([target_pieces, eos], axis=1))
+
+
+def examples(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers, max_len: int,
+             deterministic: bool = True) -> tf.data.Dataset:
+    """Tokenized examples: (source_ids, target_input_ids, target_output_ids), int32 [length] each.
+
+    Empty pairs are skipped and too long ones dropped, as `count_split` counts them.
+    Tokenization runs on batches of pairs in parallel, then is unbatched.
+    """
+    encoded = (pairs.filter(sources_lib.is_nonempty)
+               .batch(_TOKENIZE_BATCH)
+               .map(functools.partial(_encode, tokenizers),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+               .unbatch()
+               # Unbatched ragged rows keep a (rank-0) RaggedTensorSpec, which
+               # padded_batch rejects; passing through a map makes them Tensors.
+               .map(lambda *sequences: sequences))
+    return encoded.filter(
+        lambda source, target_input, _: _fits(max_len, tf.size(source), tf.size(target_input)))
+
+
+def batches(examples_dataset: tf.data.Dataset, config: PipelineConfig,
+            drop_remainder: bool) -> tf.data.Dataset:
+    """Length-bucketed, padded batches ((source_ids, target_input_ids), target_output_ids).
+
+    Each of the three is int32 [batch, L] with L in `bucket_lengths(config.max_len)`
+    and batch <= config.batch_tokens // L. drop_remainder drops each bucket's last
+    partial batch (only for endless input, where nothing is lost).
+    """
+    lengths = bucket_lengths(config.max_len)
+    bucketed = examples_dataset.bucket_by_sequence_length(
+        element_length_func=lambda source, target_input, _: tf.maximum(
+            tf.size(source), tf.size(target_input)),
+        # Bucket i holds lengths in (lengths[i-1], lengths[i]] and, with
+        # pad_to_bucket_boundary, is padded to its boundary - 1 = lengths[i].
+        bucket_boundaries=[length + 1 for length in lengths],
+        bucket_batch_sizes=bucket_batch_sizes(config.max_len, config.batch_tokens) + [1],
+        pad_to_bucket_boundary=True,
+        drop_remainder=drop_remainder)
+    return bucketed.map(lambda source, target_input, target_output:
+                        ((source, target_input), target_output))
+
+
+def train_dataset(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
+                  config: PipelineConfig,
+                  input_context: Optional[tf.distribute.InputContext] = None,
+                  num_epochs: Optional[int] = None) -> tf.data.Dataset:
+    """Shuffled, repeated, prefetched training batches for one replica.
+
+    With an input_context, this input pipeline reads only its shard of the pairs.
+    num_epochs=None repeats forever (every batch full); a finite number of epochs
+    keeps the last partial batches, so each kept pair appears once per epoch.
+    """
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        pairs = pairs.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    pairs = (pairs.shuffle(config.shuffle_buffer, seed=config.seed, reshuffle_each_iteration=True)
+             .repeat(num_epochs))
+    dataset = batches(examples(pairs, tokenizers, config.max_len, deterministic=False),
+                      config, drop_remainder=num_epochs is None)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def eval_dataset(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
+                 config: PipelineConfig,
+                 input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
+    """One deterministic pass of batches over the pairs (partial batches kept)."""
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        pairs = pairs.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    dataset = batches(examples(pairs, tokenizers, config.max_len, deterministic=True),
+                      config, drop_remainder=False)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def distribute(strategy: tf.distribute.Strategy,
+               dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]):
+    """Per-replica input: `dataset_fn(input_context)` on each input pipeline."""
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitCounts:
+    """What became of a split's pairs: read = empty + too_long + kept."""
+
+    read: int
+    empty: int
+    too_long: int
+
+    @property
+    def kept(self) -> int:
+        return self.read - self.empty - self.too_long
+
+    def __str__(self):
+        return (f"{self.read} pairs read, {self.empty} empty skipped, "
+                f"{self.too_long} too long dropped")
+
+
+def count_split(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
+                max_len: int) -> SplitCounts:
+    """Counts read, empty and too long pairs with the pipeline's own predicates (one pass)."""
+
+    def count_batch(source, target):
+        nonempty = sources_lib.is_nonempty(source, target)  # [batch]
+        source_ids, target_input_ids, _ = _encode(tokenizers, source, target)
+        fits = _fits(max_len, source_ids.row_lengths(), target_input_ids.row_lengths())
+        return tf.stack([tf.size(source, tf.int64),
+                         tf.reduce_sum(tf.cast(~nonempty, tf.int64)),
+                         tf.reduce_sum(tf.cast(nonempty & ~fits, tf.int64))])
+
+    totals = (pairs.batch(_TOKENIZE_BATCH)
+              .map(count_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+              .reduce(tf.zeros([3], tf.int64), lambda total, counts: total + counts))
+    read, empty, too_long = (int(n) for n in totals.numpy())
+    return SplitCounts(read, empty, too_long)
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+    """Everything the trainer needs from the data, built by `build`."""
+
+    source: sources_lib.Source
+    tokenizers: tokenizer_lib.Tokenizers
+    config: PipelineConfig
+    eval_split: str
+    counts: Dict[str, SplitCounts]
+
+    @property
+    def report(self) -> str:
+        """One line, e.g. "train: 29000 pairs read, 0 empty skipped, 3 too long dropped; ..."."""
+        return "; ".join(f"{split}: {counts}" for split, counts in self.counts.items())
+
+    def train_dataset(self, input_context: Optional[tf.distribute.InputContext] = None,
+                      num_epochs: Optional[int] = None) -> tf.data.Dataset:
+        """Training batches for one replica; see `train_dataset`."""
+        return train_dataset(self.source.pairs("train"), self.tokenizers, self.config,
+                             input_context, num_epochs)
+
+    def eval_dataset(self, input_context: Optional[tf.distribute.InputContext] = None
+                     ) -> tf.data.Dataset:
+        """One pass of evaluation batches; see `eval_dataset`."""
+        return eval_dataset(self.source.pairs(self.eval_split), self.tokenizers, self.config,
+                            input_context)
+
+    def eval_texts(self) -> Tuple[List[str], List[str]]:
+        """The non-empty evaluation pairs as text (sources, references), e.g. for BLEU."""
+        return self.source.texts(self.eval_split)
+
+
+def build(source: sources_lib.Source, model_dir: str,
+          config: PipelineConfig = PipelineConfig(),
+          vocab_size: Optional[int] = None,
+          separate_vocabularies: bool = False,
+          model_type: str = "bpe",
+          vocab_sample_pairs: int = 1_000_000,
+          eval_split: str = "validation") -> Data:
+    """Loads or trains the vocabulary and counts the data, ready for training.
+
+    Args:
+      source: where the pairs come from (see `trainer.sources.select`).
+      model_dir: where the SentencePiece model(s) live (loaded if present).
+      config: max_len, batch_tokens per replica, shuffling.
+      vocab_size, separate_vocabularies, model_type: see
+        `trainer.tokenizer.load_or_train`.
+      vocab_sample_pairs: at most this many training pairs, spread evenly over
+        the split, train the vocabulary.
+      eval_split: the split evaluated during training.
+
+    Raises:
+      DataError: the source lacks a split, or no training pair is left.
+    """
+    for split in ("train", eval_split):
+        if split not in source.splits:
+            raise DataError(f"{source.description} has no split {split!r}; it has {source.splits}")
+    tokenizers = tokenizer_lib.load_or_train(
+        model_dir, lambda: source.texts("train", vocab_sample_pairs),
+        vocab_size=vocab_size, separate=separate_vocabularies, model_type=model_type)
+    counts = {split: count_split(source.pairs(split), tokenizers, config.max_len)
+              for split in ("train", eval_split)}
+    if counts["train"].kept == 0:
+        raise DataError(f"no training pair left: train: {counts['train']} (max_len={config.max_len})")
+    return Data(source, tokenizers, config, eval_split, counts)

@@ -1,0 +1,246 @@
+"""The subword vocabulary: SentencePiece trained on the training text, applied in the TF graph.
+
+The paper (section 5.1) encodes WMT 2014 English-German with byte-pair encoding into
+"a shared source-target vocabulary of about 37000 tokens". Here the vocabulary is
+learned with the `sentencepiece` package (BPE by default, unigram as an option) and
+applied with `tensorflow_text.SentencepieceTokenizer`, so tokenization is a graph
+op: the tf.data pipeline and an exported SavedModel run the same code on the same
+model bytes.
+
+Ids are fixed project-wide (the model treats id 0 as padding):
+  PAD_ID = 0, UNK_ID = 1, BOS_ID = 2, EOS_ID = 3.
+
+Normalisation. SentencePiece's default `nmt_nfkc` rule is applied before
+segmentation: Unicode NFKC (e.g. the ligature "ﬁ" -> "fi", full-width letters ->
+ASCII, "…" -> "..."), control characters removed, and whitespace runs collapsed to
+one space with leading and trailing whitespace removed. So detokenize(tokenize(s))
+is the normalised s, which equals s for text that is already NFKC and
+whitespace-clean. Byte fallback is on: a character the vocabulary does not cover
+becomes its UTF-8 bytes instead of <unk>, so nothing else is lost.
+
+Files in the model directory: `spm.model` for a shared vocabulary, or
+`spm_source.model` and `spm_target.model` for separate ones. An existing file is
+loaded, never retrained, so a resumed run tokenizes exactly as before.
+"""
+
+import dataclasses
+import io
+import os
+from typing import Callable, Iterable, Optional, Sequence, Tuple
+
+import sentencepiece as spm
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+
+# The paper's shared en-de vocabulary (section 5.1).
+PAPER_VOCAB_SIZE = 37000
+# Specials + the 256 byte pieces of byte fallback.
+_FIXED_PIECES = 4 + 256
+
+SHARED_MODEL = "spm.model"
+SOURCE_MODEL = "spm_source.model"
+TARGET_MODEL = "spm_target.model"
+
+MODEL_TYPES = ("bpe", "unigram")
+
+
+class VocabularyError(ValueError):
+    """A vocabulary cannot be trained or loaded as asked; the message is one line."""
+
+
+def default_vocab_size(sentences: Iterable[str]) -> int:
+    """The vocabulary size used when none is given, sized to the corpus.
+
+    Rule: min(37000, required + distinct_words // 4), where `distinct_words`
+    counts whitespace-separated words in `sentences` and `required` is what
+    byte-fallback SentencePiece needs before its first merge (4 special ids +
+    256 byte pieces + distinct characters). A WMT-sized corpus has millions of
+    distinct words and gets the paper's 37000; Multi30k en+de (39.5k distinct
+    words) gets ~10.2k; the builtin number corpus a few hundred. A quarter of the
+    distinct words is always learnable: BPE needs at least one merge per distinct
+    multi-character word to spell it as one piece.
+    """
+    words = set()
+    chars = set()
+    for sentence in sentences:
+        words.update(sentence.split())
+        chars.update(sentence)
+    chars.discard(" ")
+    return min(PAPER_VOCAB_SIZE, _FIXED_PIECES + len(chars) + len(words) // 4)
+
+
+def train_sentencepiece(sentences: Sequence[str], vocab_size: Optional[int] = None,
+                        model_type: str = "bpe") -> bytes:
+    """Trains a SentencePiece model on `sentences` and returns its serialized bytes.
+
+    Args:
+      sentences: the training text, one sentence per item (already sampled; all
+        of it is used).
+      vocab_size: number of pieces including the 4 specials and 256 bytes. None
+        uses `default_vocab_size(sentences)`, which SentencePiece may lower if
+        the text cannot support it; an explicit size it cannot reach is an error.
+      model_type: "bpe" (the paper) or "unigram".
+    """
+    if model_type not in MODEL_TYPES:
+        raise VocabularyError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+    sentences = [s for s in sentences if s.strip()]
+    if not sentences:
+        raise VocabularyError("no non-empty sentences to train the vocabulary on")
+    explicit = vocab_size is not None
+    if not explicit:
+        vocab_size = default_vocab_size(sentences)
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            byte_fallback=True,
+            # The default size is a target; an explicit one must be met exactly.
+            hard_vocab_limit=explicit,
+            num_threads=os.cpu_count() or 1,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        message = " ".join(str(e).split())
+        raise VocabularyError(f"SentencePiece training failed for vocab_size={vocab_size}: "
+                              f"{message}") from None
+    return model.getvalue()
+
+
+class Tokenizer(tf.Module):
+    """Text <-> subword ids with one SentencePiece model, in TF graph ops only.
+
+    Usable inside tf.data and inside exported tf.functions: it holds the
+    `tensorflow_text.SentencepieceTokenizer` resource, which a SavedModel that
+    tracks this module carries along.
+
+    Args:
+      model_proto: serialized SentencePiece model with the project's special ids.
+      path: where the model was read from or written to (for reports), if anywhere.
+    """
+
+    def __init__(self, model_proto: bytes, path: Optional[str] = None):
+        super().__init__(name="tokenizer")
+        processor = spm.SentencePieceProcessor(model_proto=model_proto)
+        ids = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
+        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise VocabularyError(
+                f"SentencePiece model {path or '<bytes>'} has pad/unk/bos/eos ids {ids}, "
+                f"expected {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}")
+        self.model_proto = model_proto
+        self.path = path
+        self.vocab_size = processor.get_piece_size()
+        self._sentencepiece = tf_text.SentencepieceTokenizer(model=model_proto, out_type=tf.int32)
+
+    @classmethod
+    def from_file(cls, path: str) -> "Tokenizer":
+        with tf.io.gfile.GFile(path, "rb") as f:
+            return cls(f.read(), path)
+
+    def save(self, path: str):
+        """Writes the model bytes to `path` atomically (a crash leaves no half file)."""
+        temporary = path + ".tmp"
+        with tf.io.gfile.GFile(temporary, "wb") as f:
+            f.write(self.model_proto)
+        tf.io.gfile.rename(temporary, path, overwrite=True)
+        self.path = path
+
+    def tokenize(self, strings) -> tf.RaggedTensor:
+        """Subword ids of each string, without BOS/EOS.
+
+        strings: tf.string [batch] -> int32 RaggedTensor [batch, (pieces)].
+        """
+        return self._sentencepiece.tokenize(strings)
+
+    def detokenize(self, ids) -> tf.Tensor:
+        """Text of each id sequence, read up to its first EOS; PAD and BOS are ignored.
+
+        ids: int [batch, length] Tensor or [batch, (length)] RaggedTensor, e.g. a
+        padded model input or a decoder output -> tf.string [batch].
+        """
+        if isinstance(ids, tf.RaggedTensor):
+            ids = ids.to_tensor(default_value=PAD_ID)
+        ids = tf.cast(ids, tf.int32)  # [batch, length]
+        before_eos = tf.math.cumsum(tf.cast(ids == EOS_ID, tf.int32), axis=1) == 0
+        keep = before_eos & (ids != PAD_ID) & (ids != BOS_ID)
+        return self._sentencepiece.detokenize(tf.ragged.boolean_mask(ids, keep))
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokenizers:
+    """The source and target tokenizers; the same object when the vocabulary is shared."""
+
+    source: Tokenizer
+    target: Tokenizer
+
+    @property
+    def shared(self) -> bool:
+        return self.source is self.target
+
+
+def load_or_train(model_dir: str,
+                  sentences: Callable[[], Tuple[Sequence[str], Sequence[str]]],
+                  vocab_size: Optional[int] = None,
+                  separate: bool = False,
+                  model_type: str = "bpe") -> Tokenizers:
+    """Loads the vocabulary from `model_dir`, or trains and saves it there.
+
+    Args:
+      model_dir: directory (any tf.io.gfile path) that holds or will hold the
+        SentencePiece model(s).
+      sentences: called only when training is needed; returns (source sentences,
+        target sentences), the sample to learn from.
+      vocab_size: pieces per vocabulary; None = `default_vocab_size` of the text
+        each vocabulary is trained on. When a vocabulary already exists, a given
+        size must match it.
+      separate: separate source and target vocabularies instead of a shared one.
+      model_type: "bpe" or "unigram".
+    """
+    shared_path = os.path.join(model_dir, SHARED_MODEL)
+    source_path = os.path.join(model_dir, SOURCE_MODEL)
+    target_path = os.path.join(model_dir, TARGET_MODEL)
+    has_shared = tf.io.gfile.exists(shared_path)
+    separate_found = [tf.io.gfile.exists(p) for p in (source_path, target_path)]
+    has_separate = all(separate_found)
+    if any(separate_found) and not has_separate:
+        raise VocabularyError(f"{model_dir} has only one of {SOURCE_MODEL} and {TARGET_MODEL}")
+    if separate and has_shared:
+        raise VocabularyError(f"{shared_path} is a shared vocabulary but separate ones were asked "
+                              "for; use another model_dir or drop the separate option")
+    if not separate and has_separate:
+        raise VocabularyError(f"{model_dir} has separate vocabularies but a shared one was asked "
+                              "for; use another model_dir or ask for separate ones")
+
+    if separate and has_separate:
+        tokenizers = Tokenizers(Tokenizer.from_file(source_path), Tokenizer.from_file(target_path))
+    elif has_shared:
+        shared = Tokenizer.from_file(shared_path)
+        tokenizers = Tokenizers(shared, shared)
+    else:
+        tf.io.gfile.makedirs(model_dir)
+        source_text, target_text = sentences()
+        if separate:
+            source = Tokenizer(train_sentencepiece(source_text, vocab_size, model_type))
+            target = Tokenizer(train_sentencepiece(target_text, vocab_size, model_type))
+            source.save(source_path)
+            target.save(target_path)
+            return Tokenizers(source, target)
+        shared = Tokenizer(train_sentencepiece(list(source_text) + list(target_text),
+                                               vocab_size, model_type))
+        shared.save(shared_path)
+        return Tokenizers(shared, shared)
+
+    for tokenizer in {id(t): t for t in (tokenizers.source, tokenizers.target)}.values():
+        if vocab_size is not None and tokenizer.vocab_size != vocab_size:
+            raise VocabularyError(
+                f"{tokenizer.path} has {tokenizer.vocab_size} pieces but vocab_size={vocab_size} "
+                "was asked for; an existing vocabulary is never retrained")
+    return tokenizers
