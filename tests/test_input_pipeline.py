@@ -1,0 +1,245 @@
+"""The input pipeline: batches within the token budget, every pair once per epoch, nothing lost silently."""
+
+import collections
+import gzip
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from trainer import input_pipeline, sources, tokenizer as tokenizer_lib
+from trainer.input_pipeline import PipelineConfig
+from trainer.sources import DataError
+from trainer.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+REPO = Path(__file__).resolve().parents[1]
+MULTI30K = REPO.parent / "shared/data/multi30k"
+PAIRS = 4000  # Multi30k training pairs used here, to stay fast.
+
+
+def head(path: Path, n: int) -> bytes:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        return b"".join(itertools.islice(f, n))
+
+
+@pytest.fixture(scope="module")
+def multi30k(tmp_path_factory):
+    """Source over the first PAIRS training pairs of Multi30k (gzip, as the shared copy)."""
+    directory = tmp_path_factory.mktemp("multi30k_head")
+    files = {}
+    for language in ("en", "de"):
+        path = directory / f"train.{language}.gz"
+        path.write_bytes(gzip.compress(head(MULTI30K / f"train.{language}.gz", PAIRS)))
+        files[language] = str(path)
+    return sources.ParallelFiles({
+        "train": (files["en"], files["de"]),
+        "validation": (str(MULTI30K / "val.en"), str(MULTI30K / "val.de"))})
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory, multi30k):
+    model_dir = str(tmp_path_factory.mktemp("vocab"))
+    return tokenizer_lib.load_or_train(model_dir, lambda: multi30k.texts("train"), vocab_size=2000)
+
+
+def text_pairs(source: sources.Source, split: str):
+    return [(s.decode(), t.decode()) for s, t in source.pairs(split).as_numpy_iterator()]
+
+
+def decoded_pairs(dataset, tokenizers):
+    """(source text, target text) of every example of every batch."""
+    pairs = []
+    for (source_ids, _), target_output_ids in dataset:
+        sources_text = tokenizers.source.detokenize(source_ids).numpy()
+        targets_text = tokenizers.target.detokenize(target_output_ids).numpy()
+        pairs.extend((s.decode(), t.decode()) for s, t in zip(sources_text, targets_text))
+    return pairs
+
+
+def test_no_batch_exceeds_the_token_budget(multi30k, tokenizers):
+    config = PipelineConfig(max_len=64, batch_tokens=1000, seed=1)
+    lengths = input_pipeline.bucket_lengths(config.max_len)
+    shapes = set()
+    for (source_ids, target_input_ids), target_output_ids in input_pipeline.train_dataset(
+            multi30k.pairs("train"), tokenizers, config).take(300):
+        batch, length = source_ids.shape
+        assert target_input_ids.shape == target_output_ids.shape == (batch, length)
+        assert length in lengths
+        assert batch * length <= config.batch_tokens
+        # Batches are full and padded to the bucket, not to the longest pair.
+        assert batch == config.batch_tokens // length
+        shapes.add((batch, length))
+    assert 3 <= len(shapes) <= len(lengths)
+
+
+def test_every_pair_appears_exactly_once_per_epoch(multi30k, tokenizers):
+    config = PipelineConfig(max_len=128, batch_tokens=2048, seed=7)
+    expected = collections.Counter(text_pairs(multi30k, "train"))
+    assert len(expected) > 0.99 * PAIRS
+    one_epoch = input_pipeline.train_dataset(multi30k.pairs("train"), tokenizers, config,
+                                             num_epochs=1)
+    assert collections.Counter(decoded_pairs(one_epoch, tokenizers)) == expected
+    two_epochs = input_pipeline.train_dataset(multi30k.pairs("train"), tokenizers, config,
+                                              num_epochs=2)
+    first, second = [], []
+    seen = collections.Counter()
+    for pair in decoded_pairs(two_epochs, tokenizers):
+        seen[pair] += 1
+        (first if seen[pair] == 1 else second).append(pair)
+    assert seen == collections.Counter({pair: 2 * n for pair, n in expected.items()})
+    assert first[:100] != second[:100]  # reshuffled each epoch
+
+
+def test_decoder_input_is_the_target_shifted_right(multi30k, tokenizers):
+    config = PipelineConfig(max_len=64, batch_tokens=1024)
+    batch = next(iter(input_pipeline.eval_dataset(multi30k.pairs("validation"), tokenizers,
+                                                  config)))
+    (source_ids, target_input_ids), target_output_ids = batch
+    assert source_ids.dtype == target_input_ids.dtype == target_output_ids.dtype == tf.int32
+    for source, target_input, target_output in zip(source_ids.numpy(), target_input_ids.numpy(),
+                                                   target_output_ids.numpy()):
+        source = source[source != PAD_ID]
+        target_input = target_input[target_input != PAD_ID]
+        target_output = target_output[target_output != PAD_ID]
+        assert source[-1] == EOS_ID and EOS_ID not in source[:-1] and BOS_ID not in source
+        assert target_input[0] == BOS_ID and EOS_ID not in target_input
+        assert target_output[-1] == EOS_ID and BOS_ID not in target_output
+        assert list(target_input[1:]) == list(target_output[:-1])
+    # Padding only at the end: the non-pad tokens are a prefix.
+    lengths = tf.reduce_sum(tf.cast(source_ids != PAD_ID, tf.int32), axis=1)
+    prefix = tf.sequence_mask(lengths, tf.shape(source_ids)[1])
+    assert tf.reduce_all(prefix == (source_ids != PAD_ID))
+
+
+def test_eval_is_one_deterministic_pass_over_every_pair(multi30k, tokenizers):
+    config = PipelineConfig(max_len=256, batch_tokens=2048)
+    first = decoded_pairs(input_pipeline.eval_dataset(multi30k.pairs("validation"), tokenizers,
+                                                      config), tokenizers)
+    second = decoded_pairs(input_pipeline.eval_dataset(multi30k.pairs("validation"), tokenizers,
+                                                       config), tokenizers)
+    assert first == second
+    assert collections.Counter(first) == collections.Counter(text_pairs(multi30k, "validation"))
+
+
+def test_too_long_pairs_are_dropped_and_counted(multi30k, tokenizers):
+    config = PipelineConfig(max_len=16, batch_tokens=512)
+    pairs = text_pairs(multi30k, "validation")
+    source_lengths = tokenizers.source.tokenize([s for s, _ in pairs]).row_lengths() + 1
+    target_lengths = tokenizers.target.tokenize([t for _, t in pairs]).row_lengths() + 1
+    fits = (source_lengths <= 16) & (target_lengths <= 16)
+    kept = [pair for pair, ok in zip(pairs, fits.numpy()) if ok]
+    assert 0 < len(kept) < len(pairs)
+
+    counts = input_pipeline.count_split(multi30k.pairs("validation"), tokenizers, config.max_len)
+    assert counts == input_pipeline.SplitCounts(len(pairs), 0, len(pairs) - len(kept))
+    batches = list(input_pipeline.eval_dataset(multi30k.pairs("validation"), tokenizers, config))
+    assert all(batch[1].shape[1] <= 16 for batch in batches)
+    assert collections.Counter(decoded_pairs(batches, tokenizers)) == collections.Counter(kept)
+
+
+def test_empty_lines_are_skipped_and_counted(tmp_path, tokenizers):
+    en = "A dog.\n\n   \nTwo cats.\nA bird.\n\nA fish.\n"
+    de = "Ein Hund.\nEine Katze?\n\nZwei Katzen.\n\t\n\nEin Fisch.\n"
+    (tmp_path / "t.en").write_text(en, encoding="utf-8")
+    (tmp_path / "t.de").write_text(de, encoding="utf-8")
+    source = sources.ParallelFiles({"train": (str(tmp_path / "t.en"), str(tmp_path / "t.de"))})
+    counts = input_pipeline.count_split(source.pairs("train"), tokenizers, max_len=64)
+    assert str(counts) == "7 pairs read, 4 empty skipped, 0 too long dropped"
+    config = PipelineConfig(max_len=64, batch_tokens=256)
+    assert sorted(decoded_pairs(input_pipeline.eval_dataset(source.pairs("train"), tokenizers,
+                                                            config), tokenizers)) == [
+        ("A dog.", "Ein Hund."), ("A fish.", "Ein Fisch."), ("Two cats.", "Zwei Katzen.")]
+
+
+def test_build_reports_and_rejects_bad_input_before_training(tmp_path, multi30k):
+    data = input_pipeline.build(multi30k, str(tmp_path / "model"),
+                                PipelineConfig(max_len=24, batch_tokens=512), vocab_size=1500)
+    assert (tmp_path / "model" / "spm.model").exists()
+    train, validation = data.counts["train"], data.counts["validation"]
+    assert data.report == (f"train: {PAIRS} pairs read, 0 empty skipped, {train.too_long} too long "
+                           f"dropped; validation: 1014 pairs read, 0 empty skipped, "
+                           f"{validation.too_long} too long dropped")
+    assert train.too_long > 0
+    assert data.eval_texts()[0][:2] == [p[0] for p in text_pairs(multi30k, "validation")[:2]]
+
+    with pytest.raises(DataError, match="batch_tokens=100 is less than max_len=128"):
+        PipelineConfig(max_len=128, batch_tokens=100)
+    with pytest.raises(DataError, match="no training pair left"):
+        input_pipeline.build(multi30k, str(tmp_path / "model"),
+                             PipelineConfig(max_len=2, batch_tokens=64))
+    with pytest.raises(DataError, match="no split 'test'"):
+        input_pipeline.build(multi30k, str(tmp_path / "model"), eval_split="test")
+
+
+def test_bucket_lengths_are_few_and_cover_max_len():
+    for max_len in (8, 50, 256, 1024):
+        lengths = input_pipeline.bucket_lengths(max_len)
+        assert lengths[-1] == max_len and lengths == sorted(set(lengths))
+        assert all(length % 8 == 0 for length in lengths[:-1])
+        # Consecutive lengths grow by at most ~30% (bounded padding) beyond the first few.
+        assert all(b <= max(a + 8, 1.3 * a + 8) for a, b in zip(lengths, lengths[1:]))
+    assert len(input_pipeline.bucket_lengths(256)) == 11
+    assert input_pipeline.bucket_batch_sizes(256, 4096)[-1] == 16
+
+
+def test_input_pipelines_read_disjoint_shards(multi30k, tokenizers):
+    config = PipelineConfig(max_len=128, batch_tokens=2048, seed=3)
+    shards = []
+    for pipeline_id in range(2):
+        context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline_id,
+                                             num_replicas_in_sync=2)
+        shards.append(collections.Counter(decoded_pairs(
+            input_pipeline.train_dataset(multi30k.pairs("train"), tokenizers, config, context,
+                                         num_epochs=1), tokenizers)))
+    assert abs(sum(shards[0].values()) - sum(shards[1].values())) <= 1
+    assert shards[0] + shards[1] == collections.Counter(text_pairs(multi30k, "train"))
+
+
+def test_tfds_translation_builder_with_mock_data(tmp_path):
+    with tfds.testing.mock_data(num_examples=40):
+        source = sources.select("tfds:wmt14_translate/de-en", source_lang="en", target_lang="de")
+        data = input_pipeline.build(source, str(tmp_path), PipelineConfig(max_len=64,
+                                                                          batch_tokens=512))
+        assert data.report.startswith("train: 40 pairs read, 0 empty skipped")
+        expected = collections.Counter(
+            # Mock sentences have runs of spaces, which SentencePiece collapses.
+            (" ".join(s.split()), " ".join(t.split()))
+            for s, t in text_pairs(source, "train"))
+        assert collections.Counter(decoded_pairs(data.train_dataset(num_epochs=1),
+                                                 data.tokenizers)) == expected
+
+
+_MIRRORED = """
+import sys
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from trainer import input_pipeline, sources
+source = sources.select(builtin_train_size=2000, builtin_eval_size=10)
+config = input_pipeline.PipelineConfig(max_len=48, batch_tokens=480, seed=0)
+data = input_pipeline.build(source, sys.argv[1], config)
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+dataset = input_pipeline.distribute(strategy, data.train_dataset)
+iterator = iter(dataset)
+for _ in range(5):
+    (source_ids, _), _ = next(iterator)
+    for replica in strategy.experimental_local_results(source_ids):
+        batch, length = replica.shape
+        assert batch * length <= 480 and batch == 480 // length, replica.shape
+        print(replica.device, batch, length)
+"""
+
+
+def test_mirrored_strategy_gets_one_budgeted_batch_per_replica(tmp_path):
+    result = subprocess.run([sys.executable, "-c", _MIRRORED, str(tmp_path)], cwd=REPO,
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    devices = [line.split()[0] for line in result.stdout.splitlines()]
+    assert len(devices) == 10 and {d.rsplit(":", 1)[-1] for d in devices} == {"0", "1"}

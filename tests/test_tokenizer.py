@@ -1,0 +1,150 @@
+"""The SentencePiece vocabulary: lossless on clean text, graph-only, trained once per model_dir."""
+
+import gzip
+import itertools
+import unicodedata
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from trainer import tokenizer as tokenizer_lib
+from trainer.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+
+MULTI30K = Path(__file__).resolve().parents[1].parent / "shared/data/multi30k"
+
+
+def read_lines(path: Path, limit=None):
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in itertools.islice(f, limit)]
+
+
+@pytest.fixture(scope="module")
+def training_text():
+    return (read_lines(MULTI30K / "train.en.gz", 3000), read_lines(MULTI30K / "train.de.gz", 3000))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory, training_text):
+    model_dir = str(tmp_path_factory.mktemp("shared_vocab"))
+    return tokenizer_lib.load_or_train(model_dir, lambda: training_text, vocab_size=2000).source
+
+
+def round_trip(tokenizer, sentences):
+    return [s.decode() for s in tokenizer.detokenize(tokenizer.tokenize(sentences)).numpy()]
+
+
+def test_multi30k_round_trips_exactly(tokenizer):
+    # Multi30k is NFKC and whitespace-clean, so nmt_nfkc normalisation leaves it unchanged
+    # and detokenize(tokenize(s)) must give s back byte for byte, unseen words included.
+    sentences = [line for name in ("val.en", "val.de", "test2016.en", "test2016.de")
+                 for line in read_lines(MULTI30K / name)]
+    assert all(unicodedata.normalize("NFKC", s) == s == " ".join(s.split()) for s in sentences)
+    assert round_trip(tokenizer, sentences) == sentences
+
+
+def test_round_trip_applies_only_nfkc_and_whitespace_normalisation(tokenizer):
+    sentences = ["  Two   dogs\tplay ", "ﬁsh and chips…", "Ｆｕｌｌ width", "Zoe\u0301 café"]
+    expected = [" ".join(unicodedata.normalize("NFKC", s).split()) for s in sentences]
+    assert expected == ["Two dogs play", "fish and chips...", "Full width", "Zoé café"]
+    assert round_trip(tokenizer, sentences) == expected
+
+
+def test_characters_outside_the_vocabulary_fall_back_to_bytes_not_unk(tokenizer):
+    sentences = ["Der Schneemann ☃ steht in 東京.", "Ωμέγα 😀"]
+    ids = tokenizer.tokenize(sentences)
+    assert not tf.reduce_any(ids.flat_values == UNK_ID)
+    assert round_trip(tokenizer, sentences) == sentences
+
+
+def test_special_ids_are_fixed_and_never_produced_by_tokenize(tokenizer, training_text):
+    assert tokenizer.vocab_size == 2000
+    ids = tokenizer.tokenize(training_text[0][:500] + training_text[1][:500]).flat_values
+    assert tf.reduce_all(ids > EOS_ID)
+    assert tf.reduce_all(ids < tokenizer.vocab_size)
+    assert ids.dtype == tf.int32
+
+
+def test_detokenize_reads_to_the_first_eos_and_ignores_pad_and_bos(tokenizer):
+    text = ["A dog runs.", "Ein Hund"]
+    pieces = tokenizer.tokenize(text)  # [2, (pieces)]
+    bos = tf.fill([2, 1], BOS_ID)
+    eos = tf.fill([2, 1], EOS_ID)
+    garbage = tokenizer.tokenize(["after the end", "nach dem Ende"]).to_tensor()
+    padded = tf.concat([bos, pieces.to_tensor(default_value=PAD_ID), eos, garbage,
+                        tf.fill([2, 3], PAD_ID)], axis=1)
+    assert [s.decode() for s in tokenizer.detokenize(padded).numpy()] == text
+    ragged = tf.concat([tf.RaggedTensor.from_tensor(bos), pieces], axis=1)
+    assert [s.decode() for s in tokenizer.detokenize(tf.cast(ragged, tf.int64)).numpy()] == text
+
+
+def test_saved_model_tokenizes_like_training(tokenizer, tmp_path):
+    module = tf.Module()
+    module.tokenizer = tokenizer
+    module.tokenize = tf.function(
+        lambda s: tokenizer.tokenize(s).to_tensor(default_value=PAD_ID),
+        input_signature=[tf.TensorSpec([None], tf.string)])
+    module.detokenize = tf.function(tokenizer.detokenize,
+                                    input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    tf.saved_model.save(module, str(tmp_path / "saved"))
+    loaded = tf.saved_model.load(str(tmp_path / "saved"))
+    text = tf.constant(["Eine Frau fährt Fahrrad.", "A man in a red ☃ shirt."])
+    ids = loaded.tokenize(text)
+    assert tf.reduce_all(ids == tokenizer.tokenize(text).to_tensor(default_value=PAD_ID))
+    assert tf.reduce_all(loaded.detokenize(ids) == text)
+
+
+def test_existing_vocabulary_is_loaded_not_retrained(tmp_path, training_text):
+    model_dir = str(tmp_path)
+    first = tokenizer_lib.load_or_train(model_dir, lambda: training_text, vocab_size=1000)
+    assert (tmp_path / "spm.model").exists() and first.shared
+
+    def must_not_train():
+        raise AssertionError("the vocabulary was retrained")
+
+    again = tokenizer_lib.load_or_train(model_dir, must_not_train)
+    assert again.source.model_proto == first.source.model_proto and again.shared
+    with pytest.raises(tokenizer_lib.VocabularyError, match="1000 pieces but vocab_size=1200"):
+        tokenizer_lib.load_or_train(model_dir, must_not_train, vocab_size=1200)
+    with pytest.raises(tokenizer_lib.VocabularyError, match="shared vocabulary"):
+        tokenizer_lib.load_or_train(model_dir, must_not_train, separate=True)
+
+
+def test_separate_vocabularies_are_trained_per_language(tmp_path, training_text):
+    english, german = training_text
+    tokenizers = tokenizer_lib.load_or_train(str(tmp_path), lambda: training_text,
+                                             vocab_size=800, separate=True)
+    assert not tokenizers.shared
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spm_source.model", "spm_target.model"]
+    source_pieces = tokenizers.source.tokenize(english[:200]).flat_values.shape[0]
+    target_pieces = tokenizers.target.tokenize(english[:200]).flat_values.shape[0]
+    # The English vocabulary segments English into fewer pieces than the German one does.
+    assert source_pieces < 0.8 * target_pieces
+    assert round_trip(tokenizers.target, german[:200]) == german[:200]
+    with pytest.raises(tokenizer_lib.VocabularyError, match="separate vocabularies"):
+        tokenizer_lib.load_or_train(str(tmp_path), lambda: training_text)
+
+
+def test_default_vocab_size_follows_the_documented_rule(training_text):
+    english, german = training_text
+    words = {w for s in english + german for w in s.split()}
+    chars = {c for s in english + german for c in s} - {" "}
+    assert tokenizer_lib.default_vocab_size(english + german) == 260 + len(chars) + len(words) // 4
+    many_words = [f"w{i}" for i in range(1_000_000)]
+    assert tokenizer_lib.default_vocab_size(many_words) == 37000
+    # The default is a target SentencePiece may lower on a tiny corpus ...
+    tiny = ["one two three", "two three four", "four five six seven"] * 10
+    assert Tokenizer(tokenizer_lib.train_sentencepiece(tiny)).vocab_size > 260
+    # ... but an explicit size it cannot reach is an error.
+    with pytest.raises(tokenizer_lib.VocabularyError, match="too high"):
+        tokenizer_lib.train_sentencepiece(tiny, vocab_size=5000)
+
+
+def test_bpe_and_unigram_models(training_text):
+    english, _ = training_text
+    for model_type in ("bpe", "unigram"):
+        tokenizer = Tokenizer(tokenizer_lib.train_sentencepiece(english, 600, model_type))
+        assert round_trip(tokenizer, english[:100]) == english[:100]
+    with pytest.raises(tokenizer_lib.VocabularyError, match="model_type"):
+        tokenizer_lib.train_sentencepiece(english, 600, "wordpiece")
