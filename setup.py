@@ -20,6 +20,7 @@ setup(
         "tensorflow-datasets>=4.9",
         "sacrebleu>=2.4",
         "absl-py>=2.0",
+        "tensorboard>=2.20",
         "sentencepiece>=0.2",
         "tensorflow-serving-api>=2.21,<2.22",
         "matplotlib>=3.7",

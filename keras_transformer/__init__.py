@@ -6,9 +6,11 @@ from keras_transformer.decoder import Decoder, DecoderLayer
 from keras_transformer.embedding import SharedEmbedding
 from keras_transformer.encoder import Encoder, EncoderLayer
 from keras_transformer.feed_forward import PositionwiseFeedForward
+from keras_transformer.losses import correct_tokens, label_smoothed_cross_entropy
 from keras_transformer.masking import PAD_ID, causal_mask, padding_mask
 from keras_transformer.positional import PositionalEncoding, positional_encoding
 from keras_transformer.residual import Residual
+from keras_transformer.schedule import WarmupSchedule
 from keras_transformer.transformer import Transformer
 
 __version__ = "0.1.0"
