@@ -140,11 +140,18 @@ class Decoder(keras.layers.Layer):
                                value_dim=value_dim, dropout=dropout,
                                attention_dropout=attention_dropout, pre_norm=pre_norm)
         self.num_layers = num_layers
-        self.layers = [DecoderLayer(**self.layer_args, name=f"layer_{i}", dtype=self.dtype_policy)
-                       for i in range(num_layers)]
+        # Named attributes, not a list: tf.train.Checkpoint does not track Keras 3 lists.
+        for i in range(num_layers):
+            setattr(self, f"layer_{i}", DecoderLayer(**self.layer_args, name=f"layer_{i}",
+                                             dtype=self.dtype_policy))
         self.final_norm = (keras.layers.LayerNormalization(epsilon=1e-6, name="final_norm",
                                                            dtype=self.dtype_policy)
                            if pre_norm else None)
+
+    @property
+    def layers(self):
+        """The N layers, bottom first."""
+        return [getattr(self, f"layer_{i}") for i in range(self.num_layers)]
 
     def build(self, x_shape, encoder_output_shape, self_attention_mask_shape=None,
               cross_attention_mask_shape=None):

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_transformer as kt
 
@@ -61,3 +62,19 @@ def test_keras_file_round_trip_gives_identical_outputs(tmp_path, config):
     loaded = keras.saving.load_model(path)
     assert isinstance(loaded, kt.Transformer) and loaded.config == config
     np.testing.assert_array_equal(loaded((source, target), training=False).numpy(), expected)
+
+
+def test_tf_checkpoint_round_trip_restores_every_weight(tmp_path):
+    """The trainer checkpoints with tf.train.Checkpoint: every variable must be tracked
+    (Keras 3 lists of layers are not, which once silently dropped the encoder)."""
+    config = kt.TransformerConfig.tiny(vocab_size=40)
+    model = kt.Transformer(config)
+    model.build()
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+    saved = [name for name, _ in tf.train.list_variables(path) if name.startswith("model/")]
+    assert len(saved) == len(model.weights)
+    restored = kt.Transformer(config)
+    restored.build()
+    tf.train.Checkpoint(model=restored).restore(path).assert_existing_objects_matched()
+    source, target = batch()
+    np.testing.assert_array_equal(restored((source, target)), model((source, target)))
