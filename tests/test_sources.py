@@ -74,18 +74,18 @@ def test_missing_and_corrupt_files_are_data_errors(tmp_path):
 
 
 def test_gzip_and_plain_files_give_the_same_pairs_in_order(tmp_path):
-    en = "A man.\n\nTwo dogs run.\nÜber alles\n".encode()
-    de = "Ein Mann.\nLeer?\nZwei Hunde rennen.\nüber alles\n".encode()
+    en = "A man.\n\nTwo dogs run.\nÜber alles\nFive.\n".encode()
+    de = "Ein Mann.\nLeer?\nZwei Hunde rennen.\nüber alles\n \t \n".encode()
     plain = sources.ParallelFiles({"train": (write(tmp_path / "t.en", en),
                                              write(tmp_path / "t.de", de))})
     zipped = sources.ParallelFiles({"train": (write(tmp_path / "t.en.gz", en),
                                               write(tmp_path / "t.de.gz", de))})
     expected = [("A man.", "Ein Mann."), ("", "Leer?"), ("Two dogs run.", "Zwei Hunde rennen."),
-                ("Über alles", "über alles")]
+                ("Über alles", "über alles"), ("Five.", " \t ")]
     assert read_pairs(plain.pairs("train")) == expected
     assert read_pairs(zipped.pairs("train")) == expected
-    assert zipped.size("train") == 4
-    # texts() keeps only pairs with both sides non-empty.
+    assert zipped.size("train") == 5
+    # texts() keeps only pairs with text on both sides.
     assert zipped.texts("train") == (["A man.", "Two dogs run.", "Über alles"],
                                      ["Ein Mann.", "Zwei Hunde rennen.", "über alles"])
 

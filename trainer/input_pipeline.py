@@ -103,21 +103,25 @@ def _encode(tokenizers: tokenizer_lib.Tokenizers, source: tf.Tensor, target: tf.
 
 def examples(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers, max_len: int,
              deterministic: bool = True) -> tf.data.Dataset:
-    """Tokenized examples: (source_ids, target_input_ids, target_output_ids), int32 [length] each.
+    """Tokenized examples: (source_ids, target_input_ids, target_output_ids), int32 [(length)] each.
 
     Empty pairs are skipped and too long ones dropped, as `count_split` counts them.
-    Tokenization runs on batches of pairs in parallel, then is unbatched.
+    All of it runs vectorized on batches of pairs, in parallel, which are then
+    unbatched: a tf.data function call per pair costs more than tokenizing the pair.
+    The elements are rows of ragged batches (RaggedTensorSpec of rank 1).
     """
-    encoded = (pairs.filter(sources_lib.is_nonempty)
-               .batch(_TOKENIZE_BATCH)
-               .map(functools.partial(_encode, tokenizers),
-                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-               .unbatch()
-               # Unbatched ragged rows keep a (rank-0) RaggedTensorSpec, which
-               # padded_batch rejects; passing through a map makes them Tensors.
-               .map(lambda *sequences: sequences))
-    return encoded.filter(
-        lambda source, target_input, _: _fits(max_len, tf.size(source), tf.size(target_input)))
+
+    def encode_batch(source, target):  # tf.string [batch] each
+        nonempty = sources_lib.is_nonempty(source, target)
+        sequences = _encode(tokenizers, tf.boolean_mask(source, nonempty),
+                            tf.boolean_mask(target, nonempty))
+        source_ids, target_input_ids, _ = sequences
+        fits = _fits(max_len, source_ids.row_lengths(), target_input_ids.row_lengths())
+        return tuple(tf.ragged.boolean_mask(ids, fits) for ids in sequences)
+
+    return (pairs.batch(_TOKENIZE_BATCH)
+            .map(encode_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+            .unbatch())
 
 
 def batches(examples_dataset: tf.data.Dataset, config: PipelineConfig,
@@ -128,18 +132,26 @@ def batches(examples_dataset: tf.data.Dataset, config: PipelineConfig,
     and batch <= config.batch_tokens // L. drop_remainder drops each bucket's last
     partial batch (only for endless input, where nothing is lost).
     """
-    lengths = bucket_lengths(config.max_len)
-    bucketed = examples_dataset.bucket_by_sequence_length(
-        element_length_func=lambda source, target_input, _: tf.maximum(
-            tf.size(source), tf.size(target_input)),
-        # Bucket i holds lengths in (lengths[i-1], lengths[i]] and, with
-        # pad_to_bucket_boundary, is padded to its boundary - 1 = lengths[i].
-        bucket_boundaries=[length + 1 for length in lengths],
-        bucket_batch_sizes=bucket_batch_sizes(config.max_len, config.batch_tokens) + [1],
-        pad_to_bucket_boundary=True,
-        drop_remainder=drop_remainder)
-    return bucketed.map(lambda source, target_input, target_output:
-                        ((source, target_input), target_output))
+    lengths = tf.constant(bucket_lengths(config.max_len), tf.int64)
+    batch_sizes = tf.constant(bucket_batch_sizes(config.max_len, config.batch_tokens), tf.int64)
+
+    # The one function tf.data calls per pair; everything else runs per batch.
+    def bucket(source, target_input, _):
+        length = tf.maximum(tf.size(source, tf.int64), tf.size(target_input, tf.int64))
+        # The index of the smallest bucket length >= length.
+        return tf.searchsorted(lengths, length[None], out_type=tf.int64)[0]
+
+    def pad(length, sequences):  # [batch, (length)] -> [batch, length]
+        return sequences.to_tensor(tokenizer_lib.PAD_ID, shape=tf.stack([sequences.nrows(), length]))
+
+    def batch_bucket(key, window):
+        return window.batch(batch_sizes[key], drop_remainder).map(
+            lambda source, target_input, target_output: (
+                (pad(lengths[key], source), pad(lengths[key], target_input)),
+                pad(lengths[key], target_output)))
+
+    return examples_dataset.group_by_window(bucket, batch_bucket,
+                                            window_size_func=lambda key: batch_sizes[key])
 
 
 def train_dataset(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,

@@ -77,11 +77,14 @@ class Source(abc.ABC):
         """
         size = self.size(split)
         stride = 1 if max_pairs is None or size <= max_pairs else math.ceil(size / max_pairs)
-        dataset = self.pairs(split).shard(stride, 0).filter(is_nonempty).batch(4096)
         sources, targets = [], []
-        for source_batch, target_batch in dataset.as_numpy_iterator():
-            sources.extend(s.decode("utf-8") for s in source_batch)
-            targets.extend(t.decode("utf-8") for t in target_batch)
+        for source_batch, target_batch in self.pairs(split).shard(stride, 0).batch(4096) \
+                .as_numpy_iterator():
+            for source, target in zip(source_batch, target_batch):
+                # The same test as is_nonempty: bytes.strip() strips ASCII whitespace.
+                if source.strip() and target.strip():
+                    sources.append(source.decode("utf-8"))
+                    targets.append(target.decode("utf-8"))
         return sources, targets
 
 

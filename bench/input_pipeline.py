@@ -1,0 +1,190 @@
+"""Benchmark: input pipeline throughput beside the training step's consumption, on Multi30k.
+
+Measures, in one run on the same batches (Multi30k en->de train, shared
+SentencePiece vocabulary at the default size, batch_tokens per replica):
+
+  1. the pipeline alone: non-pad source + target tokens per second that
+     `trainer.input_pipeline.train_dataset` delivers (text -> ids -> batches);
+  2. the training step alone: tokens per second the `small` Transformer consumes
+     with Adam and masked cross-entropy, on batches already in memory;
+  3. both together: the step fed by the pipeline, as in training.
+
+The ratio (1) / (2) is the pipeline's headroom; the issue asks for at least 10x.
+(3) close to (2) means the step is not starved. Not a test: run it by hand,
+
+  python bench/input_pipeline.py [--batch_tokens=4096 --max_len=128 ...]
+
+and copy the table into the README.
+"""
+
+import argparse
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import keras
+import sentencepiece
+import tensorflow as tf
+import tensorflow_text
+
+import keras_transformer
+from trainer import input_pipeline, sources
+
+MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def real_tokens(batch) -> int:
+    """Non-pad source + target positions of a batch (target counted once, as outputs)."""
+    (source_ids, _), target_output_ids = batch
+    return int(tf.math.count_nonzero(source_ids) + tf.math.count_nonzero(target_output_ids))
+
+
+def measure_pipeline(dataset, num_batches):
+    """(tokens/s, batches) over num_batches batches after one warm-up batch."""
+    iterator = iter(dataset)
+    next(iterator)
+    batches = []
+    start = time.perf_counter()
+    for _ in range(num_batches):
+        batches.append(next(iterator))
+    elapsed = time.perf_counter() - start
+    return sum(real_tokens(b) for b in batches) / elapsed, batches
+
+
+def make_train_step(model, optimizer):
+    spec = tf.TensorSpec([None, None], tf.int32)
+
+    @tf.function(input_signature=[((spec, spec), spec)])
+    def train_step(batch):
+        (source_ids, target_input_ids), target_output_ids = batch
+        with tf.GradientTape() as tape:
+            logits = model((source_ids, target_input_ids), training=True)  # [batch, len, vocab]
+            losses = tf.keras.losses.sparse_categorical_crossentropy(
+                target_output_ids, logits, from_logits=True)  # [batch, len]
+            mask = tf.cast(target_output_ids != 0, losses.dtype)
+            loss = tf.reduce_sum(losses * mask) / tf.reduce_sum(mask)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    return train_step
+
+
+def measure_steps(train_step, batches):
+    """Tokens/s of train_step over `batches` (the first one is a warm-up)."""
+    train_step(batches[0]).numpy()
+    tokens = 0
+    start = time.perf_counter()
+    for batch in batches[1:]:
+        train_step(batch)
+        tokens += real_tokens(batch)
+    loss = float(train_step(batches[0]).numpy())  # waits for the queued steps
+    elapsed = time.perf_counter() - start
+    return tokens / elapsed, loss
+
+
+def measure_fed_steps(train_step, dataset, num_steps):
+    """Tokens/s of train_step fed by the pipeline, as in training."""
+    iterator = iter(dataset)
+    train_step(next(iterator)).numpy()
+    tokens = 0
+    start = time.perf_counter()
+    for _ in range(num_steps):
+        batch = next(iterator)
+        train_step(batch).numpy()
+        tokens += real_tokens(batch)
+    return tokens / (time.perf_counter() - start)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=str(MULTI30K), help="Multi30k directory")
+    parser.add_argument("--batch_tokens", type=int, default=4096)
+    parser.add_argument("--max_len", type=int, default=128)
+    parser.add_argument("--pipeline_batches", type=int, default=1000)
+    parser.add_argument("--train_steps", type=int, default=20)
+    args = parser.parse_args(argv)
+    command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0]] + sys.argv[1:])
+
+    load_before = os.getloadavg()[0]  # other processes share the cores
+    data_dir = Path(args.data)
+    start = time.perf_counter()
+    source = sources.select(
+        train_files=(str(data_dir / "train.en.gz"), str(data_dir / "train.de.gz")),
+        eval_files=(str(data_dir / "val.en"), str(data_dir / "val.de")))
+    check_seconds = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as model_dir:
+        start = time.perf_counter()
+        data = input_pipeline.build(source, model_dir, input_pipeline.PipelineConfig(
+            max_len=args.max_len, batch_tokens=args.batch_tokens, seed=0))
+        build_seconds = time.perf_counter() - start
+    vocab_size = data.tokenizers.target.vocab_size
+
+    pipeline_rate, batches = measure_pipeline(data.train_dataset(), args.pipeline_batches)
+
+    config = keras_transformer.TransformerConfig.small(vocab_size=vocab_size)
+    if args.max_len > config.max_length:
+        parser.error(f"--max_len={args.max_len} exceeds the small model's {config.max_length}")
+    model = keras_transformer.Transformer(config)
+    train_step = make_train_step(model, keras.optimizers.Adam(1e-4))
+    # Every bucket shape once, then a sample of batches as they come.
+    by_shape = {}
+    for batch in batches:
+        by_shape.setdefault(tuple(batch[1].shape), batch)
+    step_batches = list(by_shape.values()) + batches[:args.train_steps]
+    for batch in by_shape.values():  # warm up every shape
+        train_step(batch).numpy()
+    step_rate, loss = measure_steps(train_step, step_batches)
+    fed_rate = measure_fed_steps(train_step, data.train_dataset(), args.train_steps)
+
+    rows = [
+        ("machine", f"{os.cpu_count()} cores, {cpu_model()}, no GPU; load average before "
+                    f"the run {load_before:.1f}, after {os.getloadavg()[0]:.1f}"),
+        ("versions", f"Python {platform.python_version()}, TensorFlow {tf.__version__}, "
+                     f"tensorflow-text {tensorflow_text.__version__}, Keras {keras.__version__}, "
+                     f"sentencepiece {sentencepiece.__version__}"),
+        ("command", command),
+        ("data", f"Multi30k en->de train, {data.report}"),
+        ("vocabulary", f"shared BPE, {vocab_size} pieces (default size); file check "
+                       f"{check_seconds:.2f} s, vocabulary + counting pass {build_seconds:.1f} s"),
+        ("batches", f"batch_tokens={args.batch_tokens} per replica, max_len={args.max_len}, "
+                    f"{len(by_shape)} shapes seen: "
+                    + " ".join(f"{b}x{l}" for b, l in sorted(by_shape, key=lambda s: s[1]))),
+        ("model", f"TransformerConfig.small ({model.count_params() / 1e6:.1f}M parameters), "
+                  f"Adam, masked cross-entropy, float32; last loss {loss:.2f}"),
+    ]
+    results = [
+        ("input pipeline alone", pipeline_rate, f"{args.pipeline_batches} batches"),
+        ("training step alone", step_rate, f"{len(step_batches) - 1} steps on cached batches"),
+        ("training step fed by the pipeline", fed_rate, f"{args.train_steps} steps"),
+    ]
+    print()
+    for name, value in rows:
+        print(f"{name:>11}: {value}")
+    print()
+    print("| measured | tokens/s (non-pad source + target) | over |")
+    print("|---|---:|---|")
+    for name, rate, over in results:
+        print(f"| {name} | {rate:,.0f} | {over} |")
+    print()
+    print(f"pipeline / training step = {pipeline_rate / step_rate:.0f}x "
+          f"(the issue asks for at least 10x)")
+
+
+if __name__ == "__main__":
+    main()
