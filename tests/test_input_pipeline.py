@@ -96,6 +96,17 @@ def test_every_pair_appears_exactly_once_per_epoch(multi30k, tokenizers):
     assert first[:100] != second[:100]  # reshuffled each epoch
 
 
+def test_a_seed_fixes_the_training_stream(multi30k, tokenizers):
+    def first_batches(seed):
+        config = PipelineConfig(max_len=64, batch_tokens=1024, seed=seed)
+        dataset = input_pipeline.train_dataset(multi30k.pairs("train"), tokenizers, config)
+        return [batch[1].numpy() for batch in dataset.take(20)]
+
+    same, again, other = first_batches(5), first_batches(5), first_batches(6)
+    assert all(a.shape == b.shape and (a == b).all() for a, b in zip(same, again))
+    assert any(a.shape != b.shape or (a != b).any() for a, b in zip(same, other))
+
+
 def test_decoder_input_is_the_target_shifted_right(multi30k, tokenizers):
     config = PipelineConfig(max_len=64, batch_tokens=1024)
     batch = next(iter(input_pipeline.eval_dataset(multi30k.pairs("validation"), tokenizers,

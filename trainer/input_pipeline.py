@@ -101,13 +101,15 @@ def _encode(tokenizers: tokenizer_lib.Tokenizers, source: tf.Tensor, target: tf.
             tf.concat([target_pieces, eos], axis=1))
 
 
-def examples(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers, max_len: int,
-             deterministic: bool = True) -> tf.data.Dataset:
+def examples(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
+             max_len: int) -> tf.data.Dataset:
     """Tokenized examples: (source_ids, target_input_ids, target_output_ids), int32 [(length)] each.
 
     Empty pairs are skipped and too long ones dropped, as `count_split` counts them.
     All of it runs vectorized on batches of pairs, in parallel, which are then
     unbatched: a tf.data function call per pair costs more than tokenizing the pair.
+    The order is kept (the batches are equal work, so in-order costs little), so a
+    seeded training stream is reproducible.
     The elements are rows of ragged batches (RaggedTensorSpec of rank 1).
     """
 
@@ -120,7 +122,7 @@ def examples(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers, max_l
         return tuple(tf.ragged.boolean_mask(ids, fits) for ids in sequences)
 
     return (pairs.batch(_TOKENIZE_BATCH)
-            .map(encode_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+            .map(encode_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
             .unbatch())
 
 
@@ -162,13 +164,14 @@ def train_dataset(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
 
     With an input_context, this input pipeline reads only its shard of the pairs.
     num_epochs=None repeats forever (every batch full); a finite number of epochs
-    keeps the last partial batches, so each kept pair appears once per epoch.
+    keeps the last partial batches, so each kept pair appears once per epoch. With
+    config.seed set, every run yields the same batches in the same order.
     """
     if input_context is not None and input_context.num_input_pipelines > 1:
         pairs = pairs.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     pairs = (pairs.shuffle(config.shuffle_buffer, seed=config.seed, reshuffle_each_iteration=True)
              .repeat(num_epochs))
-    dataset = batches(examples(pairs, tokenizers, config.max_len, deterministic=False),
+    dataset = batches(examples(pairs, tokenizers, config.max_len),
                       config, drop_remainder=num_epochs is None)
     return dataset.prefetch(tf.data.AUTOTUNE)
 
@@ -179,7 +182,7 @@ def eval_dataset(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
     """One deterministic pass of batches over the pairs (partial batches kept)."""
     if input_context is not None and input_context.num_input_pipelines > 1:
         pairs = pairs.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    dataset = batches(examples(pairs, tokenizers, config.max_len, deterministic=True),
+    dataset = batches(examples(pairs, tokenizers, config.max_len),
                       config, drop_remainder=False)
     return dataset.prefetch(tf.data.AUTOTUNE)
 
