@@ -84,28 +84,33 @@ class TransformerConfig:
         return self.source_vocab_size or self.vocab_size
 
     @classmethod
+    def _preset(cls, values: dict, vocab_size: int, overrides: dict) -> "TransformerConfig":
+        """A preset's values, with `overrides` taking precedence."""
+        return cls(**{**values, "vocab_size": vocab_size, **overrides})
+
+    @classmethod
     def base(cls, vocab_size: int = 37000, **overrides) -> "TransformerConfig":
         """Transformer (base model), Table 3: 65M parameters, 100k steps."""
-        return cls(vocab_size=vocab_size, num_layers=6, d_model=512, d_ff=2048, num_heads=8,
-                   dropout=0.1, **overrides)
+        return cls._preset(dict(num_layers=6, d_model=512, d_ff=2048, num_heads=8, dropout=0.1),
+                           vocab_size, overrides)
 
     @classmethod
     def big(cls, vocab_size: int = 37000, **overrides) -> "TransformerConfig":
         """Transformer (big), Table 3: 213M parameters, 300k steps (0.1 dropout for en-fr)."""
-        return cls(vocab_size=vocab_size, num_layers=6, d_model=1024, d_ff=4096, num_heads=16,
-                   dropout=0.3, **overrides)
+        return cls._preset(dict(num_layers=6, d_model=1024, d_ff=4096, num_heads=16, dropout=0.3),
+                           vocab_size, overrides)
 
     @classmethod
     def small(cls, vocab_size: int = 8000, **overrides) -> "TransformerConfig":
         """A 3-layer, d_model=256 model for Multi30k-sized corpora on a CPU."""
-        return cls(vocab_size=vocab_size, num_layers=3, d_model=256, d_ff=1024, num_heads=4,
-                   dropout=0.1, max_length=128, **overrides)
+        return cls._preset(dict(num_layers=3, d_model=256, d_ff=1024, num_heads=4, dropout=0.1,
+                                max_length=128), vocab_size, overrides)
 
     @classmethod
     def tiny(cls, vocab_size: int = 1000, **overrides) -> "TransformerConfig":
         """A 2-layer, d_model=64 model for tests and the builtin corpus."""
-        return cls(vocab_size=vocab_size, num_layers=2, d_model=64, d_ff=256, num_heads=4,
-                   dropout=0.1, max_length=128, **overrides)
+        return cls._preset(dict(num_layers=2, d_model=64, d_ff=256, num_heads=4, dropout=0.1,
+                                max_length=128), vocab_size, overrides)
 
     @classmethod
     def preset(cls, name: str, vocab_size: int, **overrides) -> "TransformerConfig":

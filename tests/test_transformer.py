@@ -122,3 +122,4 @@ def test_config_validation_and_presets():
     assert (big.num_layers, big.d_model, big.d_ff, big.num_heads, big.d_k, big.dropout) == (
         6, 1024, 4096, 16, 64, 0.3)
     assert TransformerConfig.preset("small", vocab_size=123).vocab_size == 123
+    assert TransformerConfig.big(dropout=0.1).dropout == 0.1  # big for en-fr (section 6.1)

@@ -1,0 +1,141 @@
+"""The optimisation recipe of section 5: schedule, label smoothing, accumulation, precision."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import TransformerConfig, WarmupSchedule, label_smoothed_cross_entropy
+from trainer import distribute, input_pipeline, sources, train
+
+
+def paper_lrate(step, d_model=512, warmup=4000):
+    return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+@pytest.mark.parametrize("step", [1, 4000, 40000])
+def test_schedule_equals_the_formula_at_1_warmup_and_10x_warmup(step):
+    schedule = WarmupSchedule(d_model=512, warmup_steps=4000)
+    assert float(schedule(step)) == pytest.approx(paper_lrate(step), rel=1e-6)
+    # Peak at warm-up: rising before, falling after.
+    assert float(schedule(3999)) < float(schedule(4000)) > float(schedule(4001))
+
+
+def test_schedule_round_trips_through_keras_serialization():
+    schedule = WarmupSchedule(d_model=256, warmup_steps=100, scale=2.0)
+    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    assert float(clone(50)) == pytest.approx(float(schedule(50)))
+
+
+def test_smoothed_loss_equals_a_hand_computation():
+    logits = np.array([[[2.0, 0.5, -1.0, 0.0], [0.1, 0.2, 0.3, 0.4], [9.0, 9.0, 9.0, 9.0]]],
+                      np.float32)
+    labels = np.array([[2, 1, 0]])  # the last position is padding
+    eps, vocab = 0.1, 4
+    expected = 0.0
+    for t in range(2):
+        p = np.exp(logits[0, t]) / np.exp(logits[0, t]).sum()
+        q = np.full(vocab, eps / vocab)
+        q[labels[0, t]] += 1 - eps
+        expected += -(q * np.log(p)).sum()
+    loss_sum, tokens = label_smoothed_cross_entropy(labels, logits, label_smoothing=eps)
+    assert float(tokens) == 2.0
+    assert float(loss_sum) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    source = sources.BuiltinSource(seed=3, train_size=2000, eval_size=50)
+    return input_pipeline.build(source, str(tmp_path_factory.mktemp("vocab")),
+                                input_pipeline.PipelineConfig(max_len=32, batch_tokens=512,
+                                                              seed=0))
+
+
+INITIAL_WEIGHTS = {}
+
+
+def make_trainer(data, tmp_path, name, **run):
+    """A trainer whose model starts from the same weights as every other one here.
+
+    (Not by re-seeding: tf.random.set_seed clears TF's kernel cache, which destroys the
+    tf-text SentencePiece resource the data pipeline holds.)"""
+    config = TransformerConfig.tiny(vocab_size=data.tokenizers.target.vocab_size, dropout=0.0)
+    run = train.RunConfig(model_dir=str(tmp_path / name), warmup_steps=50, **run)
+    trainer = train.Trainer(config, run, data, distribute.make_strategy(0))
+    weights = INITIAL_WEIGHTS.setdefault(config, trainer.model.get_weights())
+    trainer.model.set_weights(weights)
+    return trainer
+
+
+def distributed(trainer, *batches):
+    dataset = tf.data.Dataset.from_tensors(batches[0])
+    for batch in batches[1:]:
+        dataset = dataset.concatenate(tf.data.Dataset.from_tensors(batch))
+    return iter(trainer.strategy.experimental_distribute_dataset(dataset))
+
+
+def test_two_accumulated_batches_give_the_update_of_one_double_batch(data, tmp_path):
+    (source, target_in), target_out = next(iter(data.eval_dataset()))
+    half = source.shape[0] // 2
+    assert half >= 2
+    first = ((source[:half], target_in[:half]), target_out[:half])
+    second = ((source[half:2 * half], target_in[half:2 * half]), target_out[half:2 * half])
+    double = ((source[:2 * half], target_in[:2 * half]), target_out[:2 * half])
+
+    accumulated = make_trainer(data, tmp_path, "accumulated", accum_steps=2)
+    iterator = distributed(accumulated, first, second)
+    accumulated.accumulate(iterator)
+    accumulated.accumulate(iterator)
+    single = make_trainer(data, tmp_path, "single")
+    single.accumulate(distributed(single, double))
+
+    # The gradient each update sees: accumulated sums over all target tokens of the step.
+    def gradient(trainer):
+        tokens = trainer.stat_sums.numpy()[1]
+        return [g.numpy() / tokens for g in trainer.gradient_sums]
+
+    for a, b in zip(gradient(accumulated), gradient(single)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+    stats_a, stats_b = accumulated.apply(), single.apply()
+    for key in ("loss", "gradient_norm", "target_tokens"):
+        assert float(stats_a[key]) == pytest.approx(float(stats_b[key]), rel=1e-5), key
+    before = make_trainer(data, tmp_path, "untrained").model.get_weights()
+    after_a, after_b = accumulated.model.get_weights(), single.model.get_weights()
+    step = max(np.abs(a - w).max() for a, w in zip(after_a, before))
+    assert step > 0, "the update must change the weights"
+    # Adam's first step is lr * sign(g) where |g| is large enough: the same update up to
+    # entries whose gradient is float noise.
+    mismatched = sum(int((np.abs(a - b) > 1e-3 * step).sum()) for a, b in zip(after_a, after_b))
+    assert mismatched <= 1e-3 * sum(a.size for a in after_a)
+
+
+def train_steps(trainer, steps):
+    trainer.restore()
+    losses = []
+    for _ in range(steps):
+        trainer.accumulate(trainer.iterator)
+        losses.append(float(trainer.apply()["loss"]))
+    return losses
+
+
+def test_float16_and_bfloat16_training_reach_the_float32_loss(data, tmp_path):
+    steps = 100
+    final = {}
+    for precision in train.PRECISIONS:
+        losses = train_steps(make_trainer(data, tmp_path, precision, precision=precision), steps)
+        assert all(np.isfinite(losses)), precision
+        final[precision] = np.mean(losses[-10:])
+    initial = np.log(data.tokenizers.target.vocab_size)
+    assert final["float32"] < initial - 1.5, "the float32 run itself must learn"
+    for precision in ("mixed_float16", "mixed_bfloat16"):
+        assert final[precision] == pytest.approx(final["float32"], rel=0.1), final
+
+
+def test_loss_scale_is_used_only_for_float16(data, tmp_path):
+    fp16 = make_trainer(data, tmp_path, "fp16", precision="mixed_float16")
+    assert isinstance(fp16.optimizer, keras.optimizers.LossScaleOptimizer)
+    bf16 = make_trainer(data, tmp_path, "bf16", precision="mixed_bfloat16")
+    assert not isinstance(bf16.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert bf16.model.compute_dtype == "bfloat16" and bf16.model.variable_dtype == "float32"
