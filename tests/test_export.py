@@ -1,0 +1,178 @@
+"""The SavedModel export: TF Serving layout, signatures, graph ops, warmup file, and a
+consumer that has only tensorflow and tensorflow_text."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from test_export_fixtures import (exported, loaded, run, sentencepiece,  # noqa: F401
+                                  sources, translator)
+
+SIGNATURES = {
+    "serving_default": ({"inputs": (tf.string, [None])},
+                        {"translations": (tf.string, [None]), "scores": (tf.float32, [None])}),
+    "translate_ids": ({"source_ids": (tf.int32, [None, None])},
+                      {"ids": (tf.int32, [None, None]), "lengths": (tf.int32, [None]),
+                       "scores": (tf.float32, [None])}),
+    "nbest": ({"inputs": (tf.string, [None])},
+              {"translations": (tf.string, [None, 4]), "scores": (tf.float32, [None, 4]),
+               "log_probs": (tf.float32, [None, 4])}),
+    "score": ({"inputs": (tf.string, [None]), "targets": (tf.string, [None])},
+              {"log_probs": (tf.float32, [None]), "scores": (tf.float32, [None]),
+               "lengths": (tf.int32, [None])}),
+    "attention": ({"inputs": (tf.string, [None])},
+                  {"translations": (tf.string, [None]),
+                   "source_pieces": (tf.string, [None, None]),
+                   "source_lengths": (tf.int32, [None]),
+                   "output_pieces": (tf.string, [None, None]),
+                   "output_lengths": (tf.int32, [None]),
+                   "encoder_self_attention": (tf.float32, [None, 2, 4, None, None]),
+                   "encoder_decoder_attention": (tf.float32, [None, 2, 4, None, None])}),
+}
+
+
+def test_training_ends_with_an_integer_version_holding_vocabulary_and_warmup(exported):
+    assert f"exported SavedModel to {exported.export_dir / '1'}" in exported.task_stdout
+    assert sorted(os.listdir(exported.export_dir)) == ["1"]  # no staging directory left
+    version = exported.version_dir
+    for path in ("saved_model.pb", "variables/variables.index", "assets/spm.model",
+                 "assets.extra/tf_serving_warmup_requests", "assets.extra/export.json"):
+        assert (version / path).is_file(), path
+    assert ((version / "assets" / "spm.model").read_bytes()
+            == (exported.model_dir / "spm.model").read_bytes())
+    info = json.loads((version / "assets.extra" / "export.json").read_text())
+    assert info["checkpoints"] == [str(exported.model_dir / "ckpt-30")]
+    assert (info["beam_size"], info["alpha"], info["version"]) == (4, 0.6, 1)
+
+
+def test_signatures_take_and_give_the_documented_tensors(loaded):
+    assert set(loaded.signatures) == set(SIGNATURES)
+    for name, (inputs, outputs) in SIGNATURES.items():
+        signature = loaded.signatures[name]
+        specs = signature.structured_input_signature[1]
+        assert {k: (v.dtype, v.shape.as_list()) for k, v in specs.items()} == inputs, name
+        got = signature.structured_outputs
+        assert {k: (v.dtype, v.shape.as_list()) for k, v in got.items()} == outputs, name
+
+
+def _op_types(saved_model_dir):
+    """Every op type in the SavedModel's graph and function library."""
+    from tensorflow.core.protobuf import saved_model_pb2
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((saved_model_dir / "saved_model.pb").read_bytes())
+    graph = proto.meta_graphs[0].graph_def
+    functions = {f.signature.name for f in graph.library.function}
+    types = {node.op for node in graph.node}
+    for function in graph.library.function:
+        types |= {node.op for node in function.node_def}
+    # A node may call a library function directly by its name.
+    return types - functions
+
+
+def test_graph_holds_only_core_tensorflow_and_tensorflow_text_ops(exported):
+    types = _op_types(exported.version_dir)
+    python_ops = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
+    assert not types & python_ops
+    not_core = {t for t in types if not hasattr(tf.raw_ops, t)}
+    # Tokenization and detokenization run in the graph, as tf-text SentencePiece ops.
+    assert {"SentencepieceOp", "SentencepieceTokenizeOp",
+            "SentencepieceDetokenizeOp"} <= not_core
+    assert all(t.startswith("Sentencepiece") for t in not_core), not_core
+
+
+def test_warmup_file_holds_a_request_per_signature_that_the_export_answers(exported, loaded):
+    from tensorflow_serving.apis import prediction_log_pb2
+    path = exported.version_dir / "assets.extra" / "tf_serving_warmup_requests"
+    logs = [prediction_log_pb2.PredictionLog.FromString(record.numpy())
+            for record in tf.data.TFRecordDataset(str(path))]
+    requests = [log.predict_log.request for log in logs]
+    assert sorted(r.model_spec.signature_name for r in requests) == sorted(SIGNATURES)
+    assert {r.model_spec.name for r in requests} == {"export"}
+    for request in requests:
+        inputs = {k: tf.constant(tf.make_ndarray(v)) for k, v in request.inputs.items()}
+        outputs = loaded.signatures[request.model_spec.signature_name](**inputs)
+        batch = next(iter(inputs.values())).shape[0]
+        assert batch > 0
+        assert all(v.shape[0] == batch for v in outputs.values())
+
+
+_FRESH_CONSUMER = r"""
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # registers the SentencePiece ops
+model = tf.saved_model.load(sys.argv[1])
+texts = json.loads(sys.stdin.read())
+out = model.signatures["serving_default"](inputs=tf.constant(texts))
+assert "keras_transformer" not in sys.modules and "trainer" not in sys.modules
+print(json.dumps({"translations": [t.decode("utf-8") for t in out["translations"].numpy()],
+                  "scores": out["scores"].numpy().tolist()}))
+"""
+
+
+def test_a_python_with_only_tensorflow_and_tensorflow_text_translates_as_in_process(
+        exported, translator, tmp_path):
+    texts = sources(12) + [""]
+    script = tmp_path / "consumer.py"
+    script.write_text(_FRESH_CONSUMER)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    result = run([sys.executable, str(script), str(exported.version_dir)], cwd=tmp_path,
+                 input=json.dumps(texts).encode(), env=env)
+    served = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    in_process = translator.translate(tf.constant(texts))
+    assert served["translations"] == [t.decode() for t in in_process["translations"].numpy()]
+    np.testing.assert_allclose(served["scores"], in_process["scores"].numpy(), rtol=1e-4,
+                               atol=1e-5)
+    assert served["translations"][-1] == ""
+
+
+def test_export_cli_averages_into_the_next_version_that_appears_only_complete(exported,
+                                                                               loaded):
+    """While `python -m trainer.export --average_last=2` runs, every version directory that
+    is visible is complete: the export is staged and renamed."""
+    seen_incomplete = []
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            for name in os.listdir(exported.export_dir):
+                version = exported.export_dir / name
+                if name.isdigit() and not all(
+                        (version / p).exists() for p in (
+                            "saved_model.pb", "variables/variables.index",
+                            "assets.extra/tf_serving_warmup_requests",
+                            "assets.extra/export.json")):
+                    seen_incomplete.append(sorted(os.listdir(version)))
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = run([sys.executable, "-m", "trainer.export", f"--model_dir={exported.model_dir}",
+                      f"--export_dir={exported.export_dir}", "--average_last=2"],
+                     cwd=exported.export_dir.parent)
+    finally:
+        done.set()
+        watcher.join()
+    assert not seen_incomplete
+    assert f"exported SavedModel to {exported.export_dir / '2'}" in result.stdout.decode()
+    assert sorted(os.listdir(exported.export_dir)) == ["1", "2"]
+    info = json.loads((exported.export_dir / "2" / "assets.extra" / "export.json").read_text())
+    assert [os.path.basename(p) for p in info["checkpoints"]] == ["ckpt-15", "ckpt-30"]
+
+    # Its weights are the mean of the two checkpoints'.
+    reader = tf.train.load_checkpoint(str(exported.export_dir / "2" / "variables" /
+                                          "variables"))
+    first = tf.train.load_checkpoint(str(exported.model_dir / "ckpt-15"))
+    last = tf.train.load_checkpoint(str(exported.model_dir / "ckpt-30"))
+    name = "model/embedding/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
+    np.testing.assert_allclose(reader.get_tensor(name),
+                               (first.get_tensor(name) + last.get_tensor(name)) / 2, rtol=1e-6)
+    assert not np.allclose(reader.get_tensor(name), last.get_tensor(name))
