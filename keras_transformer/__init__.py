@@ -1,6 +1,8 @@
 """keras_transformer: the Transformer of "Attention Is All You Need" as Keras 3 layers."""
 
 from keras_transformer.attention import MultiHeadAttention, scaled_dot_product_attention
+from keras_transformer.beam_search import (BOS_ID, EOS_ID, DecodeResult, beam_search,
+                                           greedy_search, length_penalty, sequence_log_probs)
 from keras_transformer.config import PRESETS, TransformerConfig
 from keras_transformer.decoder import Decoder, DecoderLayer
 from keras_transformer.embedding import SharedEmbedding

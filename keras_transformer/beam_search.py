@@ -1,0 +1,288 @@
+"""Beam search and greedy decoding in TensorFlow (paper section 6.1), and the
+teacher-forced log-probability of given targets.
+
+Section 6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6 ...
+maximum output length during inference to input length + 50, but terminate early
+when possible." The length penalty is that of Wu et al. (2016):
+lp(Y) = ((5 + |Y|) / 6)^alpha, and a hypothesis scores log P(Y | X) / lp(Y).
+
+Everything is plain TensorFlow: it traces inside a `tf.function` whose inputs have
+unknown batch and length, and the cached path keeps every loop variable at a fixed
+shape (a `tf.while_loop` over a buffer of the largest output length, a fixed-size
+set of finished hypotheses next to the live beams, the key/value cache gathered by
+beam every step), so it compiles with XLA (`jit_compile=True`) wherever the model's
+`decode_step` does.
+
+Ids are fixed project-wide: pad 0, BOS 2 (position 0 of every target), EOS 3.
+Outputs never contain PAD or BOS before their EOS; every output ends with EOS,
+which is forced at a sentence's maximum length.
+"""
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from keras_transformer.masking import PAD_ID
+
+BOS_ID = 2
+EOS_ID = 3
+# Section 6.1: outputs are at most input length + 50 tokens.
+EXTRA_LENGTH = 50
+
+
+class DecodeResult(NamedTuple):
+    """Hypotheses of `beam_search` (beam = beam size) or `greedy_search` (beam = 1).
+
+    Attributes:
+      ids: int32 [batch, beam, width], the output tokens without BOS: each row ends
+        with EOS, then 0 padding. width = min(src_len + extra_length,
+        config.max_length - 1), with src_len the (padded) width of source_ids.
+      scores: float32 [batch, beam], log P(ids | source) / lp(lengths), sorted in
+        decreasing order: beam 0 is the best hypothesis, the caller takes the first
+        k <= beam for an n-best list. When fewer than beam outputs exist (a maximum
+        length of 1, a vocabulary of fewer than beam + 3 tokens) the extra slots are
+        empty: ids all 0, score and log-prob -inf, length 0.
+      log_probs: float32 [batch, beam], the raw log P(ids | source) (natural log,
+        EOS included), what `sequence_log_probs` recomputes and reranking needs.
+      lengths: int32 [batch, beam], tokens in each hypothesis, EOS included.
+    """
+
+    ids: tf.Tensor
+    scores: tf.Tensor
+    log_probs: tf.Tensor
+    lengths: tf.Tensor
+
+
+def length_penalty(length, alpha):
+    """Wu et al. (2016) length penalty lp(Y) = ((5 + |Y|) / 6)^alpha.
+
+    Args:
+      length: int or float tensor of any shape, |Y| (EOS included).
+      alpha: float, 0 turns the penalty off (lp = 1).
+    Returns:
+      float32, the shape of `length`.
+    """
+    return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
+
+
+def sequence_log_probs(model, source_ids, target_ids):
+    """log P(target | source) under teacher forcing: the sum of the log-softmax of
+    each target token given BOS and the tokens before it.
+
+    Args:
+      model: a Transformer.
+      source_ids: int [batch, src_len], 0-padded.
+      target_ids: int [batch, tgt_len], the target without BOS, ending with EOS,
+        then 0 padding (padding contributes nothing).
+    Returns:
+      float32 [batch], natural-log probabilities (divide by `length_penalty` of the
+      non-pad length for the beam search score).
+    """
+    source_ids = tf.cast(source_ids, tf.int32)
+    target_ids = tf.cast(target_ids, tf.int32)
+    bos = tf.fill(tf.stack([tf.shape(target_ids)[0], 1]), BOS_ID)
+    # Shift right: the input at position t is the target at t - 1 (BOS at 0).
+    target_input_ids = tf.concat([bos, target_ids], axis=1)[:, :-1]
+    encoder_output = model.encode(source_ids, training=False)
+    logits = model.decode(target_input_ids, encoder_output, source_ids, training=False)
+    log_probs = tf.nn.log_softmax(logits, axis=-1)  # [batch, tgt_len, vocab]
+    token_log_probs = tf.gather(log_probs, target_ids, batch_dims=2)  # [batch, tgt_len]
+    return tf.reduce_sum(tf.where(target_ids != PAD_ID, token_log_probs, 0.0), axis=1)
+
+
+def greedy_search(model, source_ids, alpha=0.6, extra_length=EXTRA_LENGTH, use_cache=True):
+    """Greedy decoding: the most probable token at each step, until EOS.
+
+    Args:
+      model: a Transformer.
+      source_ids: int [batch, src_len], 0-padded.
+      alpha: length penalty of the reported scores (the search ignores it).
+      extra_length: a sentence's output has at most (its non-pad source tokens +
+        extra_length) tokens, and at most config.max_length - 1.
+      use_cache: True decodes one position per step with `model.decode_step`; False
+        recomputes `model.decode` over the whole prefix (for tests and benchmarks;
+        its prefix grows, so it does not compile with XLA).
+    Returns:
+      DecodeResult with beam = 1.
+    """
+    source_ids = tf.cast(source_ids, tf.int32)
+    batch = tf.shape(source_ids)[0]
+    width, max_lengths = _decode_lengths(model, source_ids, extra_length)
+    encoder_output = model.encode(source_ids, training=False)
+    state, step = _step_function(model, encoder_output, source_ids, width, use_cache)
+
+    def cond(i, seqs, log_probs, finished, state):
+        return (i < width) & ~tf.reduce_all(finished)
+
+    def body(i, seqs, log_probs, finished, state):
+        token_log_probs, state = step(seqs, i, state)  # [batch, vocab]
+        token_log_probs = _allowed(token_log_probs, i + 1, max_lengths[:, None])
+        tokens = tf.argmax(token_log_probs, axis=-1, output_type=tf.int32)  # [batch]
+        tokens = tf.where(finished, PAD_ID, tokens)
+        log_probs += tf.where(finished, 0.0, tf.reduce_max(token_log_probs, axis=-1))
+        seqs = _write(seqs, i + 1, tokens)
+        return i + 1, seqs, log_probs, finished | (tokens == EOS_ID), state
+
+    seqs = _write(tf.zeros(tf.stack([batch, width + 1]), tf.int32), 0,
+                  tf.fill(tf.stack([batch]), BOS_ID))  # [batch, width + 1]
+    log_probs = tf.zeros(tf.stack([batch]))
+    finished = tf.zeros(tf.stack([batch]), tf.bool)
+    _, seqs, log_probs, _, _ = tf.while_loop(
+        cond, body, (tf.constant(0), seqs, log_probs, finished, state))
+    ids = seqs[:, None, 1:]  # [batch, 1, width]
+    lengths = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1)  # [batch, 1]
+    log_probs = log_probs[:, None]
+    return DecodeResult(ids, log_probs / length_penalty(lengths, alpha), log_probs, lengths)
+
+
+def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LENGTH,
+                use_cache=True):
+    """Beam search with the length penalty of Wu et al. (2016), section 6.1.
+
+    Each step extends every live beam by every token and keeps the 2 * beam_size
+    best candidates: those ending in EOS enter the fixed-size set of finished
+    hypotheses (ranked by log-prob / lp), the best beam_size others stay live (ranked
+    by log-prob). A sentence is done when its finished set is full and no live beam
+    can still enter it: a live beam's score can reach at most its log-prob divided by
+    the largest lp it can still have (lp(max length) for alpha >= 0), since log-probs
+    only decrease. So the early exit never changes any of the returned n-best. The
+    loop stops when every sentence in the batch is done.
+
+    Args:
+      model: a Transformer.
+      source_ids: int [batch, src_len], 0-padded.
+      beam_size: number of live beams and of returned hypotheses per sentence.
+      alpha: length penalty exponent (section 6.1: 0.6; 0 ranks by log-prob).
+      extra_length: a sentence's output has at most (its non-pad source tokens +
+        extra_length) tokens, and at most config.max_length - 1.
+      use_cache: True decodes one position per step with `model.decode_step`; False
+        recomputes `model.decode` over the whole prefix (for tests and benchmarks;
+        its prefix grows, so it does not compile with XLA).
+    Returns:
+      DecodeResult with beam = beam_size, hypotheses sorted by score.
+    """
+    source_ids = tf.cast(source_ids, tf.int32)
+    batch = tf.shape(source_ids)[0]
+    vocab = model.config.vocab_size
+    width, max_lengths = _decode_lengths(model, source_ids, extra_length)
+    # The largest lp a sentence's hypotheses can have, for the early exit.
+    max_penalty = length_penalty(max_lengths, alpha)  # [batch]
+    encoder_output = model.encode(source_ids, training=False)
+    state, step = _step_function(model, encoder_output, source_ids, width, use_cache,
+                                 beam_size)
+    # Rows of beam-flattened tensors [batch * beam, ...] of the same sentence.
+    sentence_offsets = beam_size * tf.range(batch)[:, None]  # [batch, 1]
+    neg_inf = tf.constant(float("-inf"))
+
+    def cond(i, live_seqs, live_log_probs, finished_seqs, finished_scores,
+             finished_log_probs, state):
+        # Best score a live beam can reach: later lengths only lower the log-prob,
+        # and the penalty is monotonic in the length.
+        largest_penalty = tf.maximum(length_penalty(i + 1, alpha), max_penalty)
+        best_live = live_log_probs[:, 0] / largest_penalty  # [batch]
+        done = finished_scores[:, -1] >= best_live  # -inf while the set is not full
+        return (i < width) & ~tf.reduce_all(done)
+
+    def body(i, live_seqs, live_log_probs, finished_seqs, finished_scores,
+             finished_log_probs, state):
+        flat_seqs = tf.reshape(live_seqs, tf.stack([batch * beam_size, width + 1]))
+        token_log_probs, state = step(flat_seqs, i, state)  # [batch * beam, vocab]
+        token_log_probs = tf.reshape(token_log_probs, tf.stack([batch, beam_size, vocab]))
+        token_log_probs = _allowed(token_log_probs, i + 1, max_lengths[:, None, None])
+        candidates = tf.reshape(live_log_probs[:, :, None] + token_log_probs,
+                                tf.stack([batch, beam_size * vocab]))
+        # 2 * beam candidates hold at least beam that do not end in EOS (at most one
+        # EOS per live beam), so the live set never runs short.
+        top_log_probs, top_indices = tf.math.top_k(candidates, 2 * beam_size)  # [batch, 2k]
+        top_beams, top_tokens = top_indices // vocab, top_indices % vocab
+        top_seqs = _write(tf.gather(live_seqs, top_beams, batch_dims=1), i + 1, top_tokens)
+        ends = top_tokens == EOS_ID
+
+        live_log_probs, keep = tf.math.top_k(tf.where(ends, neg_inf, top_log_probs), beam_size)
+        live_seqs = tf.gather(top_seqs, keep, batch_dims=1)
+        parents = tf.gather(top_beams, keep, batch_dims=1) + sentence_offsets  # [batch, beam]
+        state = tf.nest.map_structure(
+            lambda t: tf.gather(t, tf.reshape(parents, [-1])), state)
+
+        new_log_probs = tf.where(ends, top_log_probs, neg_inf)
+        scores = tf.concat([finished_scores, new_log_probs / length_penalty(i + 1, alpha)], 1)
+        finished_scores, keep = tf.math.top_k(scores, beam_size)
+        finished_seqs = tf.gather(tf.concat([finished_seqs, top_seqs], 1), keep, batch_dims=1)
+        finished_log_probs = tf.gather(tf.concat([finished_log_probs, new_log_probs], 1), keep,
+                                       batch_dims=1)
+        return (i + 1, live_seqs, live_log_probs, finished_seqs, finished_scores,
+                finished_log_probs, state)
+
+    seqs = _write(tf.zeros(tf.stack([batch, beam_size, width + 1]), tf.int32), 0,
+                  tf.fill(tf.stack([batch, beam_size]), BOS_ID))  # [batch, beam, width + 1]
+    # Only beam 0 is live at first, so the first step does not pick one token k times.
+    live_log_probs = tf.tile(
+        tf.concat([[0.0], tf.fill([beam_size - 1], neg_inf)], 0)[None, :], tf.stack([batch, 1]))
+    empty = tf.fill(tf.stack([batch, beam_size]), neg_inf)
+    loop_vars = (tf.constant(0), seqs, live_log_probs, seqs, empty, empty, state)
+    _, _, _, seqs, scores, log_probs, _ = tf.while_loop(cond, body, loop_vars)
+    ids = seqs[:, :, 1:]  # [batch, beam, width]
+    lengths = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1)
+    return DecodeResult(ids, scores, log_probs, lengths)
+
+
+def _decode_lengths(model, source_ids, extra_length):
+    """(width, max_lengths int32 [batch]): the output buffer width and each
+    sentence's maximum output length, EOS included. width is a Python int when the
+    source width is static, so XLA sees fixed shapes."""
+    cap = model.config.max_length - 1  # BOS takes one of the model's positions
+    src_len = source_ids.shape[1]
+    if src_len is None:
+        width = tf.minimum(tf.shape(source_ids)[1] + extra_length, cap)
+    else:
+        width = min(src_len + extra_length, cap)
+    source_lengths = tf.reduce_sum(tf.cast(source_ids != PAD_ID, tf.int32), axis=1)
+    return width, tf.minimum(source_lengths + extra_length, cap)
+
+
+def _step_function(model, encoder_output, source_ids, width, use_cache, beam_size=1):
+    """(initial state, step) for n = batch * beam_size rows, the beams of a sentence
+    adjacent: step(seqs int32 [n, width + 1], i, state) -> (float32 log-probs
+    [n, vocab] of the token after position i, new state). The state is the key/value
+    cache, or () without it; its tensors have the n rows first, so reordering beams
+    is a gather on axis 0."""
+    source_ids = _tile(source_ids, beam_size)
+    if use_cache:
+        def step(seqs, i, cache):
+            logits, cache = model.decode_step(seqs[:, i], i, cache, source_ids)
+            return tf.nn.log_softmax(logits, axis=-1), cache
+
+        # Encoder-decoder keys and values are projected once per sentence, then tiled.
+        cache = model.initial_cache(encoder_output, width)
+        return tf.nest.map_structure(lambda t: _tile(t, beam_size), cache), step
+
+    encoder_output = _tile(encoder_output, beam_size)
+
+    def step(seqs, i, state):
+        logits = model.decode(seqs[:, :i + 1], encoder_output, source_ids, training=False)
+        return tf.nn.log_softmax(logits[:, -1, :], axis=-1), state
+
+    return (), step
+
+
+def _allowed(log_probs, length, max_lengths):
+    """Log-probs [..., vocab] with -inf for tokens an output may not hold at `length`
+    (EOS included): never PAD or BOS, and only EOS once a sentence reaches its
+    max_lengths (broadcast to log_probs[..., :1]). The other tokens keep the model's
+    log-probs, so scores stay true log-probabilities."""
+    token = tf.range(tf.shape(log_probs)[-1])
+    allowed = (token != PAD_ID) & (token != BOS_ID)
+    allowed = tf.where(length >= max_lengths, token == EOS_ID, allowed)
+    return tf.where(allowed, log_probs, float("-inf"))
+
+
+def _write(seqs, position, tokens):
+    """seqs int32 [..., width + 1] with tokens [...] at `position`; a select keeps
+    the shape static (no scatter with a dynamic index)."""
+    at_position = tf.range(tf.shape(seqs)[-1]) == position
+    return tf.where(at_position, tokens[..., None], seqs)
+
+
+def _tile(x, beam_size):
+    """[batch, ...] -> [batch * beam, ...], the beams of a sentence adjacent."""
+    return tf.repeat(x, beam_size, axis=0)

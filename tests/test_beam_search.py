@@ -1,0 +1,323 @@
+"""Decoding (paper section 6.1): beam search with a length penalty, greedy search and
+the teacher-forced log-probability of given targets."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import (EOS_ID, Transformer, TransformerConfig, beam_search,
+                               greedy_search, length_penalty, sequence_log_probs)
+
+VOCAB = 16
+# A 23-token output limit keeps the loops short; each test names any other limit.
+CONFIG = dataclasses.replace(TransformerConfig.tiny(vocab_size=VOCAB), max_length=24,
+                             dropout=0.0)
+ANY_IDS = [tf.TensorSpec([None, None], tf.int32)]
+SEARCHES = {"beam": beam_search, "greedy": greedy_search}
+
+
+def copy_batch(rng, batch, max_tokens=8):
+    """Copy task: source = target = tokens + EOS, 0-padded to max_tokens + 1."""
+    lengths = rng.integers(2, max_tokens + 1, size=batch)
+    tokens = rng.integers(4, VOCAB, size=(batch, max_tokens + 1)).astype("int32")
+    ids = np.where(np.arange(max_tokens + 1) < lengths[:, None], tokens, 0).astype("int32")
+    ids[np.arange(batch), lengths] = EOS_ID
+    return ids
+
+
+@pytest.fixture(scope="module")
+def copy_model():
+    """A model trained briefly on the copy task: it ends outputs with EOS, but is
+    unsure enough that beams differ (about 6 s on 2 CPU cores)."""
+    keras.utils.set_random_seed(0)
+    model = Transformer(CONFIG)
+    model.build()
+    optimizer = keras.optimizers.Adam(3e-3)
+
+    @tf.function
+    def train_step(ids):
+        target_input_ids = tf.concat([tf.fill([tf.shape(ids)[0], 1], 2), ids[:, :-1]], 1)
+        with tf.GradientTape() as tape:
+            logits = model((ids, target_input_ids), training=True)
+            losses = keras.losses.sparse_categorical_crossentropy(ids, logits, from_logits=True)
+            weights = tf.cast(ids != 0, tf.float32)
+            loss = tf.reduce_sum(losses * weights) / tf.reduce_sum(weights)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables))
+
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        train_step(copy_batch(rng, 64))
+    return model
+
+
+def random_model(config):
+    """Untrained, with embeddings scaled up so that its softmax is peaked, and a zero
+    EOS embedding: EOS's logit is 0 while the best other token's is about +5, so the
+    model practically never ends a sentence and its outputs run to their limit."""
+    keras.utils.set_random_seed(1)
+    model = Transformer(config)
+    model.build()
+    embeddings = model.embedding.embeddings.numpy() * 3.0
+    embeddings[EOS_ID] = 0.0
+    model.embedding.embeddings.assign(embeddings)
+    return model
+
+
+@pytest.fixture(scope="module")
+def sources():
+    return copy_batch(np.random.default_rng(1), batch=6)
+
+
+_TRACED = {}
+
+
+def decode(search, model, source_ids, **kwargs):
+    """`search` in a tf.function with unknown batch and length, as an export runs it
+    (traced once per search, model and arguments: tracing dominates these tests)."""
+    key = (search, model, tuple(sorted(kwargs.items())))
+    if key not in _TRACED:
+        _TRACED[key] = tf.function(lambda ids: search(model, ids, **kwargs),
+                                   input_signature=ANY_IDS)
+    return tf.nest.map_structure(lambda t: t.numpy(), _TRACED[key](source_ids))
+
+
+@pytest.fixture(scope="module")
+def decoded(copy_model, sources):
+    """Results of each search with the paper's settings on `sources`, decoded once."""
+    return {"beam": decode(beam_search, copy_model, sources, beam_size=4, alpha=0.6),
+            "greedy": decode(greedy_search, copy_model, sources, alpha=0.6)}
+
+
+def recomputed_log_probs(model, source_ids, result):
+    """sequence_log_probs of every returned hypothesis, [batch, beam]."""
+    batch, beam, width = result.ids.shape
+    log_probs = tf.function(lambda s, t: sequence_log_probs(model, s, t),
+                            input_signature=ANY_IDS * 2)(
+        np.repeat(source_ids, beam, axis=0), result.ids.reshape(batch * beam, width))
+    return log_probs.numpy().reshape(batch, beam)
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_cached_and_uncached_decoding_agree(copy_model, sources, decoded, search):
+    cached = decoded[search]
+    uncached = decode(SEARCHES[search], copy_model, sources, use_cache=False)
+    np.testing.assert_array_equal(cached.ids, uncached.ids)
+    np.testing.assert_allclose(cached.scores, uncached.scores, atol=1e-4)
+    np.testing.assert_allclose(cached.log_probs, uncached.log_probs, atol=1e-4)
+
+
+def test_beam_size_one_without_length_penalty_is_greedy(copy_model, sources):
+    beam = decode(beam_search, copy_model, sources, beam_size=1, alpha=0.0)
+    greedy = decode(greedy_search, copy_model, sources, alpha=0.0)
+    np.testing.assert_array_equal(beam.ids, greedy.ids)
+    np.testing.assert_allclose(beam.scores, greedy.scores, atol=1e-5)
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_scores_are_log_probs_divided_by_the_length_penalty(copy_model, sources, decoded,
+                                                           search):
+    result = decoded[search]  # alpha = 0.6
+    np.testing.assert_allclose(recomputed_log_probs(copy_model, sources, result),
+                               result.log_probs, atol=1e-4)
+    penalty = ((5.0 + result.lengths) / 6.0) ** 0.6
+    np.testing.assert_allclose(result.scores, result.log_probs / penalty, rtol=1e-5)
+    np.testing.assert_allclose(length_penalty(result.lengths, 0.6), penalty, rtol=1e-6)
+
+
+def test_n_best_is_sorted_and_distinct(decoded):
+    result = decoded["beam"]  # beam_size = 4
+    assert result.scores.shape == (6, 4) and np.all(np.isfinite(result.scores))
+    assert np.all(np.diff(result.scores, axis=1) <= 0)
+    for hypotheses in result.ids:
+        assert len({tuple(row) for row in hypotheses}) == 4
+    # The half-trained model is unsure, so its beams are not all the same length.
+    assert len(np.unique(result.lengths)) > 1
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_outputs_end_at_their_first_eos_then_padding(decoded, search):
+    result = decoded[search]
+    for row, length in zip(result.ids.reshape(-1, result.ids.shape[-1]),
+                           result.lengths.reshape(-1)):
+        assert list(row[length:]) == [0] * (len(row) - length)
+        assert row[length - 1] == EOS_ID
+        assert not np.isin(row[:length - 1], [0, 2, EOS_ID]).any(), "PAD, BOS or EOS inside"
+
+
+def test_copy_model_copies_the_source(sources, decoded):
+    # The best hypothesis of a model that learned to copy is mostly the source itself.
+    result = decoded["beam"]
+    width = sources.shape[1]
+    assert np.mean(np.all(result.ids[:, 0, :width] == sources, axis=1)) >= 0.5
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_no_output_is_longer_than_its_input_plus_50(search):
+    model = random_model(dataclasses.replace(CONFIG, max_length=128))
+    sources = np.array([[5, 6, 7, 8, 9, 10, 3], [5, 6, 3, 0, 0, 0, 0]], "int32")
+    result = decode(SEARCHES[search], model, sources)
+    limits = np.array([[7 + 50], [3 + 50]])
+    assert result.ids.shape[-1] == 7 + 50
+    assert np.all(result.lengths <= limits)
+    # The model never chooses EOS, so the limit (per sentence) forces it.
+    np.testing.assert_array_equal(result.lengths.max(axis=1), limits[:, 0])
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_model_max_length_caps_the_output(search):
+    model = random_model(dataclasses.replace(CONFIG, max_length=9))
+    sources = np.array([[5, 6, 7, 3], [8, 3, 0, 0]], "int32")
+    result = decode(SEARCHES[search], model, sources, extra_length=50)
+    # Position 0 is BOS, so 8 of the model's 9 positions hold output.
+    assert result.ids.shape[-1] == 8 and result.lengths.max() == 8
+    np.testing.assert_allclose(recomputed_log_probs(model, sources, result),
+                               result.log_probs, atol=1e-4)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_beam_search_is_never_worse_than_greedy(copy_model, beam_size, alpha):
+    # Not a theorem for beam_size > 1 (a beam can prune the greedy prefix), but a
+    # search that loses good hypotheses, or ranks them wrongly, fails it.
+    sources = copy_batch(np.random.default_rng(2), batch=16)
+    beam = decode(beam_search, copy_model, sources, beam_size=beam_size, alpha=alpha)
+    greedy = decode(greedy_search, copy_model, sources, alpha=alpha)
+    assert np.all(beam.scores[:, 0] >= greedy.scores[:, 0] - 1e-5)
+    if beam_size > 1:
+        assert np.any(beam.scores[:, 0] > greedy.scores[:, 0] + 1e-3), "the beam never helped"
+
+
+def exhaustive_beam_search(next_log_probs, source, beam_size, alpha, max_length):
+    """A plain beam search of one sentence that never stops early: live beams are
+    extended up to max_length (where only EOS is allowed), every finished hypothesis
+    is kept. next_log_probs: (prefixes with BOS [n, t], sources [n, s]) -> log-probs
+    [n, vocab] of the next token. Returns the best beam_size (ids, score) pairs."""
+    live, finished = [((2,), 0.0)], []
+    for length in range(1, max_length + 1):
+        prefixes = np.array([ids for ids, _ in live], "int32")
+        log_softmax = next_log_probs(prefixes, np.repeat(source[None], len(live), 0)).numpy()
+        allowed = [EOS_ID] if length == max_length else [1] + list(range(EOS_ID, VOCAB))
+        candidates = sorted(((ids + (token,), log_prob + row[token])
+                             for (ids, log_prob), row in zip(live, log_softmax)
+                             for token in allowed), key=lambda c: -c[1])[:2 * beam_size]
+        finished += [(ids[1:], log_prob / ((5 + length) / 6) ** alpha)
+                     for ids, log_prob in candidates if ids[-1] == EOS_ID]
+        live = [(ids, log_prob) for ids, log_prob in candidates if ids[-1] != EOS_ID]
+        live = live[:beam_size]
+    return sorted(finished, key=lambda f: -f[1])[:beam_size]
+
+
+# alpha = 3 favours long outputs so strongly that a live beam's bound must use the
+# penalty of the longest output, not of the current length.
+@pytest.mark.parametrize("alpha", [0.6, 3.0])
+def test_early_exit_returns_the_n_best_of_a_search_that_never_stops_early(copy_model,
+                                                                          sources, alpha):
+    result = decode(beam_search, copy_model, sources, beam_size=4, alpha=alpha)
+    next_log_probs = tf.function(
+        lambda prefixes, sources: tf.nn.log_softmax(copy_model((sources, prefixes))[:, -1]),
+        input_signature=ANY_IDS * 2)
+    for source, ids, scores, lengths in zip(sources, result.ids, result.scores,
+                                            result.lengths):
+        max_length = min(np.count_nonzero(source) + 50, CONFIG.max_length - 1)
+        expected = exhaustive_beam_search(next_log_probs, source, 4, alpha, max_length)
+        assert [tuple(row[:n]) for row, n in zip(ids, lengths)] == [e[0] for e in expected]
+        np.testing.assert_allclose(scores, [e[1] for e in expected], atol=1e-4)
+
+
+class StepCountingTransformer(Transformer):
+    """A Transformer that counts its incremental decoding steps (`steps`, a variable,
+    so that the count survives tracing into a tf.while_loop)."""
+
+    def decode_step(self, *args):
+        self.steps.assign_add(1)
+        return super().decode_step(*args)
+
+
+def test_search_stops_once_no_live_beam_can_improve_the_n_best(copy_model, sources, decoded):
+    model = StepCountingTransformer(CONFIG)
+    model.build()
+    model.set_weights(copy_model.get_weights())
+    model.steps = tf.Variable(0)
+    result = decode(beam_search, model, sources)
+    np.testing.assert_array_equal(result.ids, decoded["beam"].ids)
+    width = result.ids.shape[-1]
+    assert result.lengths.max() <= model.steps.numpy() < width
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_an_empty_batch_returns_empty_tensors(copy_model, search):
+    result = decode(SEARCHES[search], copy_model, np.zeros((0, 5), "int32"))
+    beam = 4 if search == "beam" else 1
+    # Width min(5 + 50, max_length - 1): fixed by the shapes, not by the data.
+    assert result.ids.shape == (0, beam, CONFIG.max_length - 1)
+    assert result.scores.shape == result.log_probs.shape == result.lengths.shape == (0, beam)
+    assert result.ids.dtype == np.int32 and result.scores.dtype == np.float32
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_an_all_padding_source_still_decodes(copy_model, search):
+    result = decode(SEARCHES[search], copy_model, np.zeros((2, 4), "int32"))
+    assert np.all(np.isfinite(result.scores)) and np.all(result.lengths >= 1)
+    last = np.take_along_axis(result.ids, result.lengths[..., None] - 1, axis=-1)
+    assert np.all(last == EOS_ID)
+
+
+def test_sequence_log_probs_is_the_teacher_forced_log_likelihood(copy_model, sources):
+    targets = copy_batch(np.random.default_rng(3), batch=6)
+    inputs = np.concatenate([np.full((6, 1), 2, "int32"), targets[:, :-1]], axis=1)
+    log_softmax = tf.nn.log_softmax(copy_model((sources, inputs), training=False)).numpy()
+    expected = [sum(log_softmax[b, t, targets[b, t]] for t in range(targets.shape[1])
+                    if targets[b, t] != 0) for b in range(6)]
+    got = sequence_log_probs(copy_model, sources, targets).numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    padded = sequence_log_probs(copy_model, sources, np.pad(targets, ((0, 0), (0, 5)))).numpy()
+    np.testing.assert_allclose(padded, got, atol=1e-5)
+    assert sequence_log_probs(copy_model, sources[:0], targets[:0]).shape == (0,)
+
+
+def test_one_trace_serves_any_batch_and_length(copy_model):
+    function = tf.function(lambda ids: beam_search(copy_model, ids), input_signature=ANY_IDS)
+    rng = np.random.default_rng(4)
+    for batch, max_tokens in [(3, 5), (1, 8)]:
+        sources = copy_batch(rng, batch, max_tokens)
+        traced = function(sources)
+        exact = tf.function(lambda ids: beam_search(copy_model, ids))(sources)
+        np.testing.assert_array_equal(traced.ids, exact.ids)
+        np.testing.assert_allclose(traced.scores, exact.scores, atol=1e-5)
+    assert function.experimental_get_tracing_count() == 1
+
+
+def test_beam_search_compiles_with_xla():
+    # Learned positions: the sinusoidal PositionalEncoding of one decoding step
+    # builds a table whose size depends on the step (see the xfail below).
+    model = random_model(dataclasses.replace(CONFIG, positional="learned"))
+    sources = np.array([[5, 6, 7, 3], [8, 3, 0, 0]], "int32")
+    compiled = tf.function(lambda ids: beam_search(model, ids), jit_compile=True,
+                           input_signature=ANY_IDS)(sources)
+    reference = decode(beam_search, model, sources)
+    np.testing.assert_array_equal(compiled.ids, reference.ids)
+    np.testing.assert_allclose(compiled.scores, reference.scores, atol=1e-4)
+
+
+@pytest.mark.xfail(strict=True, raises=tf.errors.InvalidArgumentError,
+                   reason="positional.py: sinusoidal decode_step uses arange(index + 1), "
+                          "not a compile-time constant under XLA")
+def test_decoding_compiles_with_xla_and_sinusoidal_positions(copy_model):
+    sources = np.array([[5, 6, 7, 3]], "int32")
+    tf.function(lambda ids: greedy_search(copy_model, ids), jit_compile=True)(sources)
+
+
+def test_mixed_bfloat16_keeps_float32_scores(copy_model, sources):
+    model = Transformer(CONFIG, dtype="mixed_bfloat16")
+    model.build()
+    model.set_weights(copy_model.get_weights())
+    result = decode(beam_search, model, sources)
+    assert result.scores.dtype == result.log_probs.dtype == np.float32
+    assert np.all(np.isfinite(result.scores))
+    # bfloat16 activations: the cached steps and teacher forcing agree only roughly.
+    np.testing.assert_allclose(recomputed_log_probs(model, sources, result),
+                               result.log_probs, rtol=0.05, atol=0.05)
