@@ -5,17 +5,20 @@ import numpy as np
 from keras import ops
 
 
-def positional_encoding(length, d_model):
+def positional_encoding(length, d_model, start=0):
     """The paper's sinusoids: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),
     PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
 
     Args:
       length: number of positions (a Python int or a scalar tensor).
       d_model: width of the encoding (even).
+      start: the first position (incremental decoding encodes one later position; a
+        fixed-size range keeps that XLA-compilable).
     Returns:
-      float32 [length, d_model]; sines in even columns, cosines in odd ones.
+      float32 [length, d_model] for positions start .. start + length - 1; sines in even
+      columns, cosines in odd ones.
     """
-    positions = ops.cast(ops.arange(length), "float32")[:, None]  # [length, 1]
+    positions = ops.cast(start + ops.arange(length), "float32")[:, None]  # [length, 1]
     two_i = np.arange(0, d_model, 2, dtype=np.float32)  # [d_model / 2]
     angles = positions / np.power(10000.0, two_i / d_model)[None, :]  # [length, d_model / 2]
     # Interleave so that column 2i is sin and 2i+1 is cos, exactly as in the formula.
@@ -57,8 +60,7 @@ class PositionalEncoding(keras.layers.Layer):
         if self.kind == "learned":
             table = ops.slice(self.position_embeddings, (start, 0), (length, self.d_model))
         else:
-            table = ops.slice(positional_encoding(start + length, self.d_model), (start, 0),
-                              (length, self.d_model))
+            table = positional_encoding(length, self.d_model, start)
         return x + ops.cast(table, x.dtype)[None, :, :]
 
     def get_config(self):

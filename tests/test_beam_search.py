@@ -293,7 +293,7 @@ def test_one_trace_serves_any_batch_and_length(copy_model):
 
 def test_beam_search_compiles_with_xla():
     # Learned positions: the sinusoidal PositionalEncoding of one decoding step
-    # builds a table whose size depends on the step (see the xfail below).
+    # builds a table whose size depends on the step.
     model = random_model(dataclasses.replace(CONFIG, positional="learned"))
     sources = np.array([[5, 6, 7, 3], [8, 3, 0, 0]], "int32")
     compiled = tf.function(lambda ids: beam_search(model, ids), jit_compile=True,
@@ -303,9 +303,6 @@ def test_beam_search_compiles_with_xla():
     np.testing.assert_allclose(compiled.scores, reference.scores, atol=1e-4)
 
 
-@pytest.mark.xfail(strict=True, raises=tf.errors.InvalidArgumentError,
-                   reason="positional.py: sinusoidal decode_step uses arange(index + 1), "
-                          "not a compile-time constant under XLA")
 def test_decoding_compiles_with_xla_and_sinusoidal_positions(copy_model):
     sources = np.array([[5, 6, 7, 3]], "int32")
     tf.function(lambda ids: greedy_search(copy_model, ids), jit_compile=True)(sources)

@@ -32,10 +32,7 @@ class BleuEvaluator:
         self.bleu = sacrebleu.BLEU(tokenize=tokenize)
         self.chrf = sacrebleu.CHRF()
         self._translators = {}
-
-    @property
-    def signature(self) -> str:
-        return str(self.bleu.get_signature())
+        self.signature = None
 
     def __call__(self, model: Transformer) -> Dict[str, float]:
         if id(model) not in self._translators:  # one trace per model, not per evaluation
@@ -43,6 +40,11 @@ class BleuEvaluator:
                                                       self.alpha)
         hypotheses = translate_texts(self._translators[id(model)].translate, self.sources)
         exact = sum(h == r for h, r in zip(hypotheses, self.references))
-        return {"bleu": self.bleu.corpus_score(hypotheses, [self.references]).score,
+        bleu = self.bleu.corpus_score(hypotheses, [self.references]).score
+        if self.signature is None:
+            self.signature = str(self.bleu.get_signature())
+            print(f"validation BLEU: sacreBLEU {self.signature} on {len(self.sources)} "
+                  "sentences", flush=True)
+        return {"bleu": bleu,
                 "chrf": self.chrf.corpus_score(hypotheses, [self.references]).score,
                 "exact_match": exact / max(len(self.references), 1)}

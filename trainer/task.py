@@ -5,6 +5,7 @@ a 2-core CPU). Recipes: --flagfile=trainer/flagfiles/{builtin,multi30k,wmt14_bas
 """
 
 import os
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import sys
 
 from absl import app, flags, logging
@@ -70,9 +71,24 @@ def fail(message: str):
     sys.exit(2)
 
 
-def model_config_from_flags(vocab_size: int):
+def config_module():
+    """keras_transformer/config.py loaded on its own: pure Python, so flags are checked
+    before TensorFlow is imported (its start-up logging would bury a one-line error)."""
+    import importlib.util
+    name = "keras_transformer.config"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "keras_transformer", "config.py")
+    spec = importlib.util.spec_from_file_location("_transformer_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def model_config_from_flags(vocab_size: int, config_class=None):
     """The one place that turns flags into a TransformerConfig."""
-    from keras_transformer import TransformerConfig  # deferred: flags first, TF later
+    TransformerConfig = config_class or config_module().TransformerConfig
     overrides = {}
     fields = TransformerConfig.__dataclass_fields__
     for item in FLAGS.hparams:
@@ -88,7 +104,7 @@ def model_config_from_flags(vocab_size: int):
 
 def check_flags():
     """Errors a user can fix, found before any data is read or model built."""
-    from keras_transformer import PRESETS
+    PRESETS = config_module().PRESETS
     if FLAGS.config not in PRESETS:
         fail(f"unknown preset --config={FLAGS.config}; choose one of {', '.join(PRESETS)}")
     if FLAGS.batch_tokens < FLAGS.max_len:
@@ -144,7 +160,8 @@ def main(argv):
         fail(str(e))
     print(f"data: {data.report}", flush=True)
     tokenizers = data.tokenizers
-    config = model_config_from_flags(tokenizers.target.vocab_size)
+    from keras_transformer import TransformerConfig
+    config = model_config_from_flags(tokenizers.target.vocab_size, TransformerConfig)
     if FLAGS.separate_vocabularies:
         import dataclasses
         config = dataclasses.replace(config, share_embeddings=False,
@@ -167,9 +184,9 @@ def main(argv):
     builtin = isinstance(source, sources.BuiltinSource)
     bleu = evaluation.BleuEvaluator(data, run.beam_size, run.alpha, run.bleu_sentences,
                                     tokenize="char" if builtin else FLAGS.bleu_tokenize)
-    print(f"validation BLEU: sacreBLEU {bleu.signature}"
-          + (" (character n-grams: the builtin targets are 1-3 German words)" if builtin
-             else ""), flush=True)
+    if builtin:
+        print("validation BLEU counts character n-grams: the builtin targets are 1-3 German "
+              "words", flush=True)
     trainer = train.Trainer(config, run, data, strategy, evaluate_bleu=bleu)
     try:
         results = trainer.train()

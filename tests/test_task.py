@@ -1,0 +1,146 @@
+"""python -m trainer.task as a user runs it: real subprocesses, real files, real kills."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import REPO
+
+QUICK = ["--max_len=32", "--batch_tokens=512", "--eval_every=1000", "--bleu_sentences=10",
+         "--export_dir=none", "--log_every=5", "--warmup_steps=50"]
+
+
+def task(*flags, env=None, timeout=600, **kwargs):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "trainer.task", *flags], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def summaries(model_dir, tag, sub="train"):
+    """{step: value} of a scalar summary written by the trainer."""
+    values = {}
+    directory = os.path.join(model_dir, sub)
+    for name in sorted(os.listdir(directory)):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(directory, name)):
+            for value in event.summary.value:
+                if value.tag == tag:
+                    values[event.step] = float(tf.make_ndarray(value.tensor))
+    return values
+
+
+def latest_step(model_dir):
+    latest = tf.train.latest_checkpoint(model_dir)
+    return int(latest.rsplit("-", 1)[1]) if latest else 0
+
+
+def test_two_replica_run_learns_and_a_resumed_run_stops_at_the_new_total(tmp_path):
+    model_dir = str(tmp_path / "run")
+    first = task(*QUICK, "--num_cpu_replicas=2", "--train_steps=40", "--checkpoint_every=20",
+                 f"--model_dir={model_dir}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "2 replica(s)" in first.stdout
+    loss = summaries(model_dir, "loss")
+    assert loss[40] < loss[5] - 1.0, loss
+    assert latest_step(model_dir) == 40
+
+    second = task(*QUICK, "--num_cpu_replicas=2", "--train_steps=60", "--checkpoint_every=20",
+                  f"--model_dir={model_dir}")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resumed from {model_dir}/ckpt-40 at step 40" in second.stdout
+    assert latest_step(model_dir) == 60
+    assert min(summaries(model_dir, "loss")) > 0
+    assert "validation bleu" in second.stdout
+
+
+def test_kill_9_mid_training_then_the_same_command_resumes(tmp_path):
+    model_dir = str(tmp_path / "run")
+    flags = [*QUICK, "--train_steps=400", "--checkpoint_every=5", "--keep_checkpoints=3",
+             f"--model_dir={model_dir}"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    process = subprocess.Popen([sys.executable, "-m", "trainer.task", *flags], cwd=REPO,
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while latest_step(model_dir) < 15 and time.time() < deadline and process.poll() is None:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = latest_step(model_dir)
+    assert 15 <= killed_at < 400, "the kill must land mid-training"
+    # Every checkpoint the state file lists is complete and restorable.
+    state = tf.train.get_checkpoint_state(model_dir)
+    for path in state.all_model_checkpoint_paths:
+        reader = tf.train.load_checkpoint(path)
+        embedding = reader.get_tensor("model/embedding/embeddings/.ATTRIBUTES/VARIABLE_VALUE")
+        assert np.all(np.isfinite(embedding))
+
+    resumed = task(*flags[:-3], "--train_steps=%d" % (killed_at + 10), "--checkpoint_every=5",
+                   "--keep_checkpoints=3", f"--model_dir={model_dir}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"at step {killed_at}" in resumed.stdout
+    assert latest_step(model_dir) == killed_at + 10
+
+
+def test_a_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    model_dir = str(tmp_path / "run")
+    result = task(*QUICK, "--precision=float32", "--train_steps=200", "--checkpoint_every=1",
+                  "--learning_rate_scale=1e12", f"--model_dir={model_dir}")
+    assert result.returncode == 1
+    message = result.stderr.strip().splitlines()[-1]
+    assert "non-finite loss" in message and "at step" in message, message
+    step = int(message.split("at step ")[1].split(";")[0])
+    assert latest_step(model_dir) == step - 1
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(model_dir))
+    for name, _ in tf.train.list_variables(tf.train.latest_checkpoint(model_dir)):
+        if name.startswith("model/"):
+            assert np.all(np.isfinite(reader.get_tensor(name))), name
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--config=huge"], "unknown preset --config=huge"),
+    (["--train_src=/nonexistent/train.en", "--train_tgt=/nonexistent/train.de"],
+     "--train_src=/nonexistent/train.en: no such file"),
+    (["--max_len=128", "--batch_tokens=64"], "--batch_tokens=64 is smaller than --max_len=128"),
+    (["--hparams=d_modle=3"], "unknown field 'd_modle'"),
+])
+def test_bad_flags_give_a_one_line_error_before_any_work(tmp_path, flags, expected):
+    model_dir = tmp_path / "run"
+    result = task(*flags, f"--model_dir={model_dir}", timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trainer.task: error: "), result.stderr
+    assert expected in lines[0]
+    assert not model_dir.exists(), "no work may happen before the error"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_workers_on_localhost_train_with_multi_worker_mirrored_strategy(tmp_path):
+    model_dir = str(tmp_path / "run")
+    workers = [f"localhost:{free_port()}", f"localhost:{free_port()}"]
+    processes = []
+    for index in range(2):
+        config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": json.dumps(config)}
+        processes.append(subprocess.Popen(
+            [sys.executable, "-m", "trainer.task", *QUICK, "--train_steps=10",
+             "--checkpoint_every=5", f"--model_dir={model_dir}"],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=600) for p in processes]
+    for p, (out, err) in zip(processes, outputs):
+        assert p.returncode == 0, err[-3000:]
+    assert "2 replica(s)" in outputs[0][0]
+    assert latest_step(model_dir) == 10
+    assert not [d for d in os.listdir(model_dir) if d.startswith("workertemp")]
+    assert summaries(model_dir, "loss")[10] > 0
