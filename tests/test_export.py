@@ -3,17 +3,14 @@ consumer that has only tensorflow and tensorflow_text."""
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
-from test_export_fixtures import (exported, loaded, run, sentencepiece,  # noqa: F401
-                                  sources, translator)
+from test_export_fixtures import exported, loaded, run, sources, translator  # noqa: F401
 
 SIGNATURES = {
     "serving_default": ({"inputs": (tf.string, [None])},

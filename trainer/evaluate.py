@@ -19,16 +19,6 @@ from absl import app, flags
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_string("saved_model", None, "SavedModel of python -m trainer.export (a version "
-                    "directory, or the export directory to use its highest version).")
-flags.DEFINE_string("src", None, "Source sentences, one per line.")
-flags.DEFINE_string("ref", None, "Reference translations (raw, cased), line-aligned.")
-flags.DEFINE_string("tok_ref", None, "Lowercased, Moses-tokenized references for the "
-                    "tokenized BLEU of Multi30k papers.")
-flags.DEFINE_string("lang", "de", "Target language, for the Moses normaliser and tokenizer.")
-flags.DEFINE_string("output", None, "Also write the translations here.")
-flags.DEFINE_integer("batch_size", 64, "Sentences per call.")
-
 
 def read_text(path: str) -> list:
     """Lines of a UTF-8 file (invalid bytes replaced), without line ends."""
@@ -58,6 +48,19 @@ def scores(hypotheses: Sequence[str], references: Sequence[str],
                                                  [list(tokenized_references)]),
                            tok_bleu.get_signature())
     return out
+
+
+def _define_flags():
+    # Only when run as a program, so that other programs can import this module.
+    flags.DEFINE_string("saved_model", None, "SavedModel of python -m trainer.export (a version "
+                        "directory, or the export directory to use its highest version).")
+    flags.DEFINE_string("src", None, "Source sentences, one per line.")
+    flags.DEFINE_string("ref", None, "Reference translations (raw, cased), line-aligned.")
+    flags.DEFINE_string("tok_ref", None, "Lowercased, Moses-tokenized references for the "
+                        "tokenized BLEU of Multi30k papers.")
+    flags.DEFINE_string("lang", "de", "Target language, for the Moses normaliser and tokenizer.")
+    flags.DEFINE_string("output", None, "Also write the translations here.")
+    flags.DEFINE_integer("batch_size", 64, "Sentences per call.")
 
 
 def main(argv):
@@ -104,4 +107,5 @@ def _fail(message: str):
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

@@ -13,12 +13,6 @@ from absl import app, flags
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_string("saved_model", None, "SavedModel of python -m trainer.export (a version "
-                    "directory, or the export directory to use its highest version).")
-flags.DEFINE_integer("batch_size", 64, "Sentences per call.")
-flags.DEFINE_string("signature", "serving_default", "Signature that maps inputs to "
-                    "translations.")
-
 
 def load(saved_model: str):
     """The loaded SavedModel (tensorflow_text registers the tokenizer ops first)."""
@@ -62,6 +56,15 @@ def translate_lines(model, lines, batch_size: int = 64, signature: str = "servin
     return [" ".join(text.splitlines()) for text in outputs]
 
 
+def _define_flags():
+    # Only when run as a program, so that other programs can import this module.
+    flags.DEFINE_string("saved_model", None, "SavedModel of python -m trainer.export (a version "
+                        "directory, or the export directory to use its highest version).")
+    flags.DEFINE_integer("batch_size", 64, "Sentences per call.")
+    flags.DEFINE_string("signature", "serving_default", "Signature that maps inputs to "
+                        "translations.")
+
+
 def main(argv):
     if len(argv) > 1:
         _fail(f"unexpected arguments {argv[1:]}")
@@ -89,4 +92,5 @@ def _fail(message: str):
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

@@ -21,11 +21,6 @@ from absl import app, flags
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_string("saved_model", None, "SavedModel of python -m trainer.export (a version "
-                    "directory, or the export directory to use its highest version).")
-flags.DEFINE_string("text", None, "The source sentence to translate and draw.")
-flags.DEFINE_string("out", None, "Directory for the PNG files.")
-
 
 def attention_maps(model, text) -> dict:
     """The `attention` signature's outputs for one sentence (str or bytes), cropped to its
@@ -48,7 +43,7 @@ def attention_maps(model, text) -> dict:
 
 
 def plot_heads(weights: np.ndarray, rows: List[str], columns: List[str], title: str,
-               path: str):
+               path: str, row_label: str = "query"):
     """One figure with a heatmap per head: weights [heads, len(rows), len(columns)]."""
     import matplotlib
     matplotlib.use("Agg")
@@ -69,6 +64,8 @@ def plot_heads(weights: np.ndarray, rows: List[str], columns: List[str], title: 
         ax.set_title(f"head {head + 1}", fontsize=9)
         ax.set_xticks(range(len(columns)), columns, rotation=90, fontsize=7)
         ax.set_yticks(range(len(rows)), rows, fontsize=7)
+        if head % per_row == 0:
+            ax.set_ylabel(row_label, fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -80,15 +77,23 @@ def write_heatmaps(maps: dict, out_dir: str) -> List[str]:
     os.makedirs(out_dir, exist_ok=True)
     source, output = maps["source_pieces"], maps["output_pieces"]
     paths = []
-    kinds = (("encoder_self_attention", source, "encoder self-attention"),
-             ("encoder_decoder_attention", output, "encoder-decoder attention"))
-    for key, rows, label in kinds:
+    kinds = (("encoder_self_attention", source, "encoder self-attention", "source"),
+             ("encoder_decoder_attention", output, "encoder-decoder attention", "output"))
+    for key, rows, label, row_label in kinds:
         for layer, weights in enumerate(maps[key]):
             path = os.path.join(out_dir, f"{key}_layer{layer + 1}.png")
             plot_heads(weights, rows, source,
-                       f"{label}, layer {layer + 1}: {maps['translation']!r}", path)
+                       f"{label}, layer {layer + 1}: {maps['translation']!r}", path, row_label)
             paths.append(path)
     return paths
+
+
+def _define_flags():
+    # Only when run as a program, so that other programs can import this module.
+    flags.DEFINE_string("saved_model", None, "SavedModel of python -m trainer.export (a version "
+                        "directory, or the export directory to use its highest version).")
+    flags.DEFINE_string("text", None, "The source sentence to translate and draw.")
+    flags.DEFINE_string("out", None, "Directory for the PNG files.")
 
 
 def main(argv):
@@ -97,6 +102,8 @@ def main(argv):
     for name in ("saved_model", "text", "out"):
         if FLAGS[name].value is None:
             _fail(f"--{name} is required")
+    if not FLAGS.text.strip():
+        _fail("--text is empty: nothing to translate")
     from trainer import translate
     try:
         model = translate.load(FLAGS.saved_model)
@@ -116,4 +123,5 @@ def _fail(message: str):
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

@@ -1,0 +1,73 @@
+"""python -m trainer.translate and python -m trainer.evaluate on the exported model, in
+subprocesses; the tokenized BLEU against the official Multi30k files."""
+
+import re
+import sys
+
+import pytest
+import sacrebleu
+import tensorflow as tf
+
+from conftest import MULTI30K
+from test_export_fixtures import exported, loaded, run, sources  # noqa: F401
+
+
+def test_translate_cli_gives_one_line_per_input_line_as_the_signature_does(exported, loaded,
+                                                                           tmp_path):
+    texts = sources(5)
+    lines = [t.encode() for t in texts[:3]] + [b"", b"   ", b"\xff\xfe not utf-8",
+                                               texts[3].encode() + b"\r", texts[4].encode()]
+    result = run([sys.executable, "-m", "trainer.translate",
+                  f"--saved_model={exported.export_dir}", "--batch_size=3"],
+                 cwd=tmp_path, input=b"\n".join(lines))  # the last line without a newline
+    out = result.stdout.decode("utf-8").split("\n")
+    assert out[-1] == "" and len(out) - 1 == len(lines)
+    expected = loaded.signatures["serving_default"](
+        inputs=tf.constant([line.rstrip(b"\r") for line in lines]))["translations"].numpy()
+    assert out[:-1] == [t.decode() for t in expected]
+    assert out[3] == out[4] == ""
+    assert f"translated {len(lines)}/{len(lines)}" in result.stderr.decode()
+
+
+def test_evaluate_cli_prints_sacrebleu_and_chrf_with_signatures_of_its_translations(
+        exported, tmp_path):
+    from trainer import builtin_corpus
+    numbers = [7 + 389 * i for i in range(6)]
+    (tmp_path / "src.txt").write_text("".join(builtin_corpus.english(n) + "\n"
+                                              for n in numbers))
+    references = [builtin_corpus.german(n) for n in numbers]
+    (tmp_path / "ref.txt").write_text("".join(r + "\n" for r in references))
+    (tmp_path / "tok.txt").write_text("".join(r.lower() + "\n" for r in references))
+    result = run([sys.executable, "-m", "trainer.evaluate",
+                  f"--saved_model={exported.version_dir}", "--src=src.txt", "--ref=ref.txt",
+                  "--tok_ref=tok.txt", "--output=hyp.txt"], cwd=tmp_path)
+    printed = result.stdout.decode()
+    hypotheses = (tmp_path / "hyp.txt").read_text().splitlines()
+    assert len(hypotheses) == len(references)
+    bleu = sacrebleu.corpus_bleu(hypotheses, [references])
+    chrf = sacrebleu.corpus_chrf(hypotheses, [references])
+    assert re.search(r"sacreBLEU \(detokenized, cased\) BLEU = ([\d.]+)",
+                     printed).group(1) == f"{bleu.score:.2f}"
+    assert re.search(r"chrF2 = ([\d.]+)", printed).group(1) == f"{chrf.score:.2f}"
+    assert "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in printed
+    assert "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:" in printed
+    assert re.search(r"tokenized lowercased BLEU \(Moses de, multi-bleu.perl\) BLEU = [\d.]+",
+                     printed)
+
+
+@pytest.mark.skipif(not (MULTI30K / "tok").is_dir(), reason="needs ../shared/data/multi30k")
+def test_tokenized_bleu_tokenizes_output_exactly_as_the_official_multi30k_files():
+    from trainer.evaluate import moses_tokenized, read_text, scores
+    raw = read_text(MULTI30K / "test2016.de")
+    assert moses_tokenized(raw, "de") == read_text(MULTI30K / "tok" / "test2016.lc.norm.tok.de")
+    # val: 1 of 1014 lines differs (a period after a closing quote at the very end).
+    raw = read_text(MULTI30K / "val.de")
+    official = read_text(MULTI30K / "tok" / "val.lc.norm.tok.de")
+    assert sum(a != b for a, b in zip(moses_tokenized(raw, "de"), official)) <= 1
+    # Cased output scored against the lowercased references: tokenized BLEU lowercases.
+    hypotheses = read_text(MULTI30K / "test2016.de")[:200]
+    references = read_text(MULTI30K / "tok" / "test2016.lc.norm.tok.de")[:200]
+    results = scores(hypotheses, hypotheses, references)
+    assert results["tok_bleu"][0].score == pytest.approx(100.0)
+    assert results["bleu"][0].score == pytest.approx(100.0)
+    assert scores(hypotheses, [r.upper() for r in hypotheses])["bleu"][0].score < 10
