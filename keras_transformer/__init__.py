@@ -12,6 +12,7 @@ from keras_transformer.losses import correct_tokens, label_smoothed_cross_entrop
 from keras_transformer.masking import PAD_ID, causal_mask, padding_mask
 from keras_transformer.positional import PositionalEncoding, positional_encoding
 from keras_transformer.residual import Residual
+from keras_transformer.stack import LayerStack
 from keras_transformer.schedule import WarmupSchedule
 from keras_transformer.transformer import Transformer
 

@@ -8,6 +8,7 @@ from keras import ops
 from keras_transformer.attention import MultiHeadAttention
 from keras_transformer.feed_forward import PositionwiseFeedForward
 from keras_transformer.residual import Residual
+from keras_transformer.stack import LayerStack
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -124,7 +125,7 @@ class DecoderLayer(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Decoder(keras.layers.Layer):
+class Decoder(LayerStack):
     """N decoder layers (and a final LayerNorm when pre_norm).
 
     Call: x [batch, tgt_len, d_model] (embedded, with positions),
@@ -133,36 +134,11 @@ class Decoder(keras.layers.Layer):
       attention weight tensors with return_attention_scores=True).
     """
 
-    def __init__(self, num_layers, d_model, num_heads, d_ff, key_dim=None, value_dim=None,
-                 dropout=0.1, attention_dropout=0.0, pre_norm=False, **kwargs):
-        super().__init__(**kwargs)
-        self.layer_args = dict(d_model=d_model, num_heads=num_heads, d_ff=d_ff, key_dim=key_dim,
-                               value_dim=value_dim, dropout=dropout,
-                               attention_dropout=attention_dropout, pre_norm=pre_norm)
-        self.num_layers = num_layers
-        # Named attributes, not a list: tf.train.Checkpoint does not track Keras 3 lists.
-        for i in range(num_layers):
-            setattr(self, f"layer_{i}", DecoderLayer(**self.layer_args, name=f"layer_{i}",
-                                             dtype=self.dtype_policy))
-        self.final_norm = (keras.layers.LayerNormalization(epsilon=1e-6, name="final_norm",
-                                                           dtype=self.dtype_policy)
-                           if pre_norm else None)
-
-    @property
-    def layers(self):
-        """The N layers, bottom first."""
-        return [getattr(self, f"layer_{i}") for i in range(self.num_layers)]
+    layer_class = DecoderLayer
 
     def build(self, x_shape, encoder_output_shape, self_attention_mask_shape=None,
               cross_attention_mask_shape=None):
-        for layer in self.layers:
-            layer.build(x_shape, encoder_output_shape)
-        if self.final_norm is not None:
-            self.final_norm.build(x_shape)
-        self.built = True
-
-    def _finish(self, x):
-        return self.final_norm(x) if self.final_norm is not None else x
+        self.build_stack(x_shape, encoder_output_shape)
 
     def call(self, x, encoder_output, self_attention_mask=None, cross_attention_mask=None,
              training=None, return_attention_scores=False):
@@ -171,7 +147,7 @@ class Decoder(keras.layers.Layer):
             x, weights = layer(x, encoder_output, self_attention_mask, cross_attention_mask,
                                training=training, return_attention_scores=True)
             all_weights.append(weights)
-        x = self._finish(x)
+        x = self.finish(x)
         return (x, all_weights) if return_attention_scores else x
 
     def initial_cache(self, encoder_output, max_length):
@@ -184,10 +160,4 @@ class Decoder(keras.layers.Layer):
         for layer, layer_cache in zip(self.layers, cache):
             x, layer_cache = layer.step(x, layer_cache, index, cross_attention_mask)
             new_cache.append(layer_cache)
-        return self._finish(x), new_cache
-
-    def compute_output_shape(self, x_shape, *args, **kwargs):
-        return x_shape
-
-    def get_config(self):
-        return {**super().get_config(), "num_layers": self.num_layers, **self.layer_args}
+        return self.finish(x), new_cache

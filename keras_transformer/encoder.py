@@ -5,6 +5,7 @@ import keras
 from keras_transformer.attention import MultiHeadAttention
 from keras_transformer.feed_forward import PositionwiseFeedForward
 from keras_transformer.residual import Residual
+from keras_transformer.stack import LayerStack
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -64,9 +65,8 @@ class EncoderLayer(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Encoder(keras.layers.Layer):
-    """N encoder layers (and a final LayerNorm when pre_norm, since pre-norm blocks
-    leave their sum unnormalised).
+class Encoder(LayerStack):
+    """N encoder layers (and a final LayerNorm when pre_norm).
 
     Args:
       num_layers: N. Other args as in EncoderLayer.
@@ -76,32 +76,10 @@ class Encoder(keras.layers.Layer):
       (plus a list of N self-attention weight tensors with return_attention_scores=True).
     """
 
-    def __init__(self, num_layers, d_model, num_heads, d_ff, key_dim=None, value_dim=None,
-                 dropout=0.1, attention_dropout=0.0, pre_norm=False, **kwargs):
-        super().__init__(**kwargs)
-        self.layer_args = dict(d_model=d_model, num_heads=num_heads, d_ff=d_ff, key_dim=key_dim,
-                               value_dim=value_dim, dropout=dropout,
-                               attention_dropout=attention_dropout, pre_norm=pre_norm)
-        self.num_layers = num_layers
-        # Named attributes, not a list: tf.train.Checkpoint does not track Keras 3 lists.
-        for i in range(num_layers):
-            setattr(self, f"layer_{i}", EncoderLayer(**self.layer_args, name=f"layer_{i}",
-                                             dtype=self.dtype_policy))
-        self.final_norm = (keras.layers.LayerNormalization(epsilon=1e-6, name="final_norm",
-                                                           dtype=self.dtype_policy)
-                           if pre_norm else None)
-
-    @property
-    def layers(self):
-        """The N layers, bottom first."""
-        return [getattr(self, f"layer_{i}") for i in range(self.num_layers)]
+    layer_class = EncoderLayer
 
     def build(self, x_shape, attention_mask_shape=None):
-        for layer in self.layers:
-            layer.build(x_shape)
-        if self.final_norm is not None:
-            self.final_norm.build(x_shape)
-        self.built = True
+        self.build_stack(x_shape)
 
     def call(self, x, attention_mask=None, training=None, return_attention_scores=False):
         all_weights = []
@@ -109,12 +87,5 @@ class Encoder(keras.layers.Layer):
             x, weights = layer(x, attention_mask, training=training,
                                return_attention_scores=True)
             all_weights.append(weights)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
+        x = self.finish(x)
         return (x, all_weights) if return_attention_scores else x
-
-    def compute_output_shape(self, x_shape, attention_mask_shape=None):
-        return x_shape
-
-    def get_config(self):
-        return {**super().get_config(), "num_layers": self.num_layers, **self.layer_args}
