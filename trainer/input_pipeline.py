@@ -26,7 +26,6 @@ per step over 8 GPUs is about batch_tokens=4096 padded positions per GPU.
 """
 
 import dataclasses
-import functools
 from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf

@@ -18,6 +18,7 @@ data is a `DataError` with a one-line message.
 """
 
 import abc
+import contextlib
 import gzip
 import math
 import zlib
@@ -152,11 +153,17 @@ def count_lines(path: str) -> int:
     return lines + (last != b"\n")
 
 
+@contextlib.contextmanager
 def _open(path: str):
+    """The file's bytes, gunzipped if the name ends in ".gz"."""
     if not tf.io.gfile.exists(path):
         raise DataError(f"file not found: {path}")
-    f = tf.io.gfile.GFile(path, "rb")
-    return gzip.GzipFile(fileobj=f, mode="rb") if path.endswith(".gz") else f
+    with tf.io.gfile.GFile(path, "rb") as f:
+        if path.endswith(".gz"):
+            with gzip.GzipFile(fileobj=f, mode="rb") as unzipped:
+                yield unzipped
+        else:
+            yield f
 
 
 def _check_utf8(data: bytes, path: str, lines_before: int):

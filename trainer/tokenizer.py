@@ -238,7 +238,8 @@ def load_or_train(model_dir: str,
         shared.save(shared_path)
         return Tokenizers(shared, shared)
 
-    for tokenizer in {id(t): t for t in (tokenizers.source, tokenizers.target)}.values():
+    loaded = [tokenizers.source] if tokenizers.shared else [tokenizers.source, tokenizers.target]
+    for tokenizer in loaded:
         if vocab_size is not None and tokenizer.vocab_size != vocab_size:
             raise VocabularyError(
                 f"{tokenizer.path} has {tokenizer.vocab_size} pieces but vocab_size={vocab_size} "
