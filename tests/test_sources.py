@@ -33,6 +33,10 @@ def test_mismatched_line_counts_name_both_files_and_counts(tmp_path):
     assert "\n" not in message
     assert source in message and target in message
     assert "3 lines" in message and "has 2" in message
+    # The trainer's entry point checks every split when it opens the source.
+    good = write(tmp_path / "val.en", b"one\n")
+    with pytest.raises(DataError, match="line counts differ"):
+        sources.select(train_files=(source, target), eval_files=(good, good))
 
 
 def test_invalid_utf8_names_file_and_line(tmp_path):
