@@ -18,7 +18,7 @@ def test_translate_cli_gives_one_line_per_input_line_as_the_signature_does(expor
     lines = [t.encode() for t in texts[:3]] + [b"", b"   ", b"\xff\xfe not utf-8",
                                                texts[3].encode() + b"\r", texts[4].encode()]
     result = run([sys.executable, "-m", "trainer.translate",
-                  f"--saved_model={exported.export_dir}", "--batch_size=3"],
+                  f"--saved_model={exported.version_dir}", "--batch_size=3"],
                  cwd=tmp_path, input=b"\n".join(lines))  # the last line without a newline
     out = result.stdout.decode("utf-8").split("\n")
     assert out[-1] == "" and len(out) - 1 == len(lines)

@@ -14,7 +14,7 @@ def test_visualize_draws_every_layer_of_both_attentions_with_a_panel_per_head(ex
                                                                              tmp_path):
     text = "three hundred and twenty-five"
     result = run([sys.executable, "-m", "trainer.visualize",
-                  f"--saved_model={exported.export_dir}", f"--text={text}", "--out=maps"],
+                  f"--saved_model={exported.version_dir}", f"--text={text}", "--out=maps"],
                  cwd=tmp_path)
     expected = loaded.signatures["serving_default"](inputs=tf.constant([text]))
     stdout = result.stdout.decode().splitlines()

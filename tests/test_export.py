@@ -8,6 +8,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from test_export_fixtures import exported, loaded, run, sources, translator  # noqa: F401
@@ -131,17 +132,21 @@ def test_a_python_with_only_tensorflow_and_tensorflow_text_translates_as_in_proc
 
 
 def test_export_cli_averages_into_the_next_version_that_appears_only_complete(exported,
-                                                                               loaded):
+                                                                               tmp_path):
     """While `python -m trainer.export --average_last=2` runs, every version directory that
-    is visible is complete: the export is staged and renamed."""
+    is visible is complete: the export is staged and renamed. Its version is one more than
+    the highest there."""
+    export_dir = tmp_path / "export"
+    (export_dir / "7").mkdir(parents=True)  # an older version
+    (export_dir / "10.txt").write_text("not a version")
     seen_incomplete = []
     done = threading.Event()
 
     def watch():
         while not done.is_set():
-            for name in os.listdir(exported.export_dir):
-                version = exported.export_dir / name
-                if name.isdigit() and not all(
+            for name in os.listdir(export_dir):
+                version = export_dir / name
+                if name.isdigit() and name != "7" and not all(
                         (version / p).exists() for p in (
                             "saved_model.pb", "variables/variables.index",
                             "assets.extra/tf_serving_warmup_requests",
@@ -153,23 +158,34 @@ def test_export_cli_averages_into_the_next_version_that_appears_only_complete(ex
     watcher.start()
     try:
         result = run([sys.executable, "-m", "trainer.export", f"--model_dir={exported.model_dir}",
-                      f"--export_dir={exported.export_dir}", "--average_last=2"],
-                     cwd=exported.export_dir.parent)
+                      f"--export_dir={export_dir}", "--average_last=2"], cwd=tmp_path)
     finally:
         done.set()
         watcher.join()
     assert not seen_incomplete
-    assert f"exported SavedModel to {exported.export_dir / '2'}" in result.stdout.decode()
-    assert sorted(os.listdir(exported.export_dir)) == ["1", "2"]
-    info = json.loads((exported.export_dir / "2" / "assets.extra" / "export.json").read_text())
+    assert f"exported SavedModel to {export_dir / '8'}" in result.stdout.decode()
+    assert sorted(os.listdir(export_dir)) == ["10.txt", "7", "8"]
+    info = json.loads((export_dir / "8" / "assets.extra" / "export.json").read_text())
     assert [os.path.basename(p) for p in info["checkpoints"]] == ["ckpt-15", "ckpt-30"]
 
     # Its weights are the mean of the two checkpoints'.
-    reader = tf.train.load_checkpoint(str(exported.export_dir / "2" / "variables" /
-                                          "variables"))
+    reader = tf.train.load_checkpoint(str(export_dir / "8" / "variables" / "variables"))
     first = tf.train.load_checkpoint(str(exported.model_dir / "ckpt-15"))
     last = tf.train.load_checkpoint(str(exported.model_dir / "ckpt-30"))
     name = "model/embedding/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
     np.testing.assert_allclose(reader.get_tensor(name),
                                (first.get_tensor(name) + last.get_tensor(name)) / 2, rtol=1e-6)
     assert not np.allclose(reader.get_tensor(name), last.get_tensor(name))
+
+
+def test_a_saved_model_path_resolves_to_the_version_tf_serving_would_serve(tmp_path):
+    from trainer import export
+    for version in ("3", "12", "9"):
+        (tmp_path / version).mkdir()
+        (tmp_path / version / "saved_model.pb").write_bytes(b"")
+    (tmp_path / ".tmp-13").mkdir()  # an export in progress is not a version
+    assert export.versions(str(tmp_path)) == [3, 9, 12]
+    assert export.resolve(str(tmp_path)) == str(tmp_path / "12")
+    assert export.resolve(str(tmp_path / "3")) == str(tmp_path / "3")
+    with pytest.raises(FileNotFoundError):
+        export.resolve(str(tmp_path / ".tmp-13"))

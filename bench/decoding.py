@@ -1,0 +1,191 @@
+"""Benchmark: beam-search translation speed on this CPU (paper section 6.1 settings).
+
+Measures, on Multi30k test2016 English sources (or --src):
+
+  1. the exported SavedModel's serving_default signature (beam 4, alpha 0.6: text in,
+     text out, tokenization included), in length-sorted batches as trainer.translate
+     sends them: sentences/s and target tokens/s (output subwords + EOS);
+  2. with --model_dir: the same translation in-process with the key/value cache and
+     without it (every step recomputes the decoder over the whole prefix), on the first
+     --uncached_sentences sentences;
+  3. with --model_dir: how decoding time grows with output length: greedy steps forced
+     to L tokens (no early stop) for a batch of sources x beam rows, cached vs uncached.
+     Cached steps cost O(L) attention each; uncached steps redo the whole prefix, O(L^2).
+
+Speed depends on output lengths: a model that stops early (or never stops) decodes
+fewer (more) steps, so measure a model trained on the same data as --src. Not a test:
+run it by hand and copy the table into the README, e.g.
+
+  python -m trainer.task --config=small --train_src=../shared/data/multi30k/train.en.gz \\
+      --train_tgt=../shared/data/multi30k/train.de.gz --eval_src=../shared/data/multi30k/val.en \\
+      --eval_tgt=../shared/data/multi30k/val.de --model_dir=/tmp/m30k_small \\
+      --export_dir=/tmp/m30k_export
+  python bench/decoding.py --saved_model=/tmp/m30k_export --model_dir=/tmp/m30k_small
+"""
+
+import argparse
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import keras
+import sentencepiece
+import tensorflow as tf
+import tensorflow_text
+
+from keras_transformer import BOS_ID
+from trainer import export
+from trainer.translator import Translator, translate_texts
+
+MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def timed_translation(translate, texts, batch_size):
+    """(translations, seconds) after one warm-up batch (tracing, thread pools)."""
+    translate_texts(translate, texts[:batch_size], batch_size)
+    start = time.perf_counter()
+    translations = translate_texts(translate, texts, batch_size)
+    return translations, time.perf_counter() - start
+
+
+def target_tokens(processor, translations) -> int:
+    """Output subwords + EOS, as the decoder produced them (re-tokenized output)."""
+    return sum(len(processor.encode(t)) + 1 for t in translations)
+
+
+def forced_decode(model, source_ids, length, use_cache):
+    """Greedy decoding of exactly `length` steps (EOS does not stop it); returns the
+    tokens [rows, length]. The decoder alone: the encoder runs once outside the timing."""
+    encoder_output = model.encode(source_ids, training=False)
+    rows = tf.shape(source_ids)[0]
+    seqs = tf.fill(tf.stack([rows, 1]), BOS_ID)
+    if use_cache:
+        cache = model.initial_cache(encoder_output, length)
+        for i in tf.range(length):
+            tf.autograph.experimental.set_loop_options(
+                shape_invariants=[(seqs, tf.TensorShape([None, None]))])
+            logits, cache = model.decode_step(seqs[:, -1], i, cache, source_ids)
+            next_ids = tf.argmax(logits, axis=-1, output_type=tf.int32)
+            seqs = tf.concat([seqs, next_ids[:, None]], axis=1)
+    else:
+        for _ in tf.range(length):
+            tf.autograph.experimental.set_loop_options(
+                shape_invariants=[(seqs, tf.TensorShape([None, None]))])
+            logits = model.decode(seqs, encoder_output, source_ids, training=False)
+            next_ids = tf.argmax(logits[:, -1], axis=-1, output_type=tf.int32)
+            seqs = tf.concat([seqs, next_ids[:, None]], axis=1)
+    return seqs[:, 1:]
+
+
+def length_scaling(model, source_ids, lengths, repeats=3):
+    """{(length, use_cache): best seconds of `repeats`} of forced_decode."""
+    results = {}
+    for use_cache in (True, False):
+        decode = tf.function(lambda ids, n, c=use_cache: forced_decode(model, ids, n, c))
+        decode(source_ids, tf.constant(2))  # trace once: the length is a tensor
+        for length in lengths:
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                decode(source_ids, tf.constant(length)).numpy()
+                times.append(time.perf_counter() - start)
+            results[length, use_cache] = min(times)
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--saved_model", required=True,
+                        help="Export directory or version of python -m trainer.export.")
+    parser.add_argument("--model_dir", help="Its model directory: enables the cached vs "
+                        "uncached comparisons (2, 3).")
+    parser.add_argument("--src", default=str(MULTI30K / "test2016.en"))
+    parser.add_argument("--sentences", type=int, default=0, help="First N sentences (0: all).")
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--uncached_sentences", type=int, default=200)
+    parser.add_argument("--length_batch", type=int, default=16,
+                        help="Sources in the output-length experiment (x beam 4 rows).")
+    parser.add_argument("--lengths", default="8,16,32,64,120")
+    args = parser.parse_args(argv)
+
+    with open(args.src, encoding="utf-8") as f:
+        texts = f.read().splitlines()
+    if args.sentences:
+        texts = texts[:args.sentences]
+    version_dir = export.resolve(args.saved_model)
+    loaded = tf.saved_model.load(version_dir)
+    vocabulary = os.path.join(version_dir, "assets", "spm.model")
+    if not os.path.exists(vocabulary):
+        vocabulary = os.path.join(version_dir, "assets", "spm_target.model")
+    processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary)
+
+    translations, seconds = timed_translation(loaded.signatures["serving_default"], texts,
+                                              args.batch_size)
+    tokens = target_tokens(processor, translations)
+    rows = [("SavedModel serving_default, beam 4", len(texts), seconds, tokens)]
+    mean_output = tokens / len(texts)
+
+    scaling = None
+    if args.model_dir:
+        subset = texts[:args.uncached_sentences]
+        for use_cache in (True, False):
+            translator, _ = export.build_translator(args.model_dir)
+            translator.use_cache = use_cache
+            out, seconds = timed_translation(translator.translate, subset, args.batch_size)
+            label = "in-process, cached" if use_cache else "in-process, uncached"
+            rows.append((f"{label}, beam 4", len(subset), seconds,
+                         target_tokens(processor, out)))
+        lengths = [int(x) for x in args.lengths.split(",")]
+        beam_rows = args.length_batch * 4
+        source_ids = translator.source_ids(tf.constant(texts[:args.length_batch]))
+        source_ids = tf.repeat(source_ids, 4, axis=0)  # [sources * beam, src_len]
+        lengths = [n for n in lengths if n < translator.model.config.max_length]
+        scaling = length_scaling(translator.model, source_ids, lengths)
+
+    print()
+    for name, value in (("machine", f"{os.cpu_count()} cores, {cpu_model()}"),
+                        ("python", platform.python_version()),
+                        ("tensorflow", tf.__version__),
+                        ("tf-text", tensorflow_text.__version__),
+                        ("keras", keras.__version__),
+                        ("model", version_dir),
+                        ("data", f"{args.src} ({len(texts)} sentences, mean output "
+                                 f"{mean_output:.1f} tokens)"),
+                        ("command", "python " + " ".join(map(shlex.quote, sys.argv)))):
+        print(f"{name:>10}: {value}")
+    print()
+    print("| decoding | sentences | seconds | sentences/s | target tokens/s |")
+    print("|---|---:|---:|---:|---:|")
+    for name, n, seconds, tokens in rows:
+        print(f"| {name} | {n} | {seconds:.1f} | {n / seconds:.1f} | {tokens / seconds:,.0f} |")
+    if scaling:
+        print()
+        print(f"Forced-length greedy decoding, {args.length_batch} sources x 4 = {beam_rows} "
+              "rows (decoder only):")
+        print()
+        print("| output length L | cached ms | cached ms/step | uncached ms | "
+              "uncached ms/step | uncached / cached |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for n in sorted({n for n, _ in scaling}):
+            cached, uncached = scaling[n, True], scaling[n, False]
+            print(f"| {n} | {cached * 1e3:.0f} | {cached * 1e3 / n:.1f} | {uncached * 1e3:.0f}"
+                  f" | {uncached * 1e3 / n:.1f} | {uncached / cached:.1f}x |")
+    print()
+
+
+if __name__ == "__main__":
+    main()
