@@ -1,0 +1,425 @@
+"""Benchmark: training throughput and model FLOPs utilisation (MFU) of the Multi30k recipe.
+
+In one process, on this machine:
+
+  1. the matmul peak: best GFLOP/s of chained 2048 x 2048 x 2048 matmuls in a
+     tf.function, in float32 and in bfloat16 (bfloat16 inputs and output, as
+     Keras' mixed_bfloat16 Dense layers run them), at the start and again just
+     before each row, against which that row's MFU is taken;
+  2. for each precision (and, with --jit_compile, with XLA): a `trainer.train.Trainer`
+     on the recipe of trainer/flagfiles/multi30k.cfg (`small` model, shared 8000-piece
+     vocabulary, max_len 64, 4096 padded tokens per batch, Adam on the warm-up
+     schedule, label-smoothed loss), fed by the real input pipeline; --warmup_steps
+     updates (tracing, first shapes) are run and not timed, then --steps updates are
+     timed exactly as `Trainer.train` runs them (accumulate, apply, read the stats);
+  3. model FLOPs of every timed update from the config and that update's batch shape,
+     and MFU = achieved model FLOP/s / the matmul peak of the same precision;
+  4. optionally (--breakdown_reps) where one update's time goes, on one cached batch
+     of the most frequent shape: forward, forward + backward, accumulate, apply.
+
+Model FLOPs (the convention of PaLM, appendix B: matmuls only, counted on padded
+positions because the step computes them). A batch is B pairs padded to S source and
+T target positions (the pipeline pads both to the bucket length); d = d_model,
+f = d_ff, a = heads * d_k (= heads * d_v = d here), V = vocabulary, N = layers:
+
+    encoder layer:  B*S * (2*4*d*a + 2*2*d*f)          Q, K, V, O projections, FFN
+                    + B * 2*2*S*S*a                    Q K^T and weights . V
+    decoder layer:  B*T * (2*4*d*a + 2*2*d*a + 2*2*d*f) self Q K V O, cross Q O, FFN
+                    + B*S * 2*2*d*a                    cross K, V of the encoder output
+                    + B * (2*2*T*T*a + 2*2*T*S*a)      self- and cross-attention
+    output:         B*T * 2*d*V                        pre-softmax projection
+    forward = N * (encoder layer + decoder layer) + output;   update = 3 * forward
+
+(the backward pass costs two forward matmuls per matmul). The forward count equals the
+sum over the MatMul and BatchMatMul ops of the traced forward graph. The causal mask does not
+halve the self-attention count: the step computes the masked half too. Embedding
+lookups, biases, LayerNorm, softmax, dropout, the loss and Adam are not counted,
+so they show up as lost MFU. Not a test: run it by hand from the repository root,
+
+  python bench/training.py [--steps=30 --warmup_steps=10 --jit_compile=both ...]
+
+(defaults take ~6-8 minutes on 2 cores) and copy its table into the README.
+"""
+
+import argparse
+import collections
+import dataclasses
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import keras_transformer
+from trainer import distribute, input_pipeline, sources, train
+from trainer import tokenizer as tokenizer_lib
+
+MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+MATMUL_SIZE = 2048
+MATMUL_CHAIN = 4  # matmuls per tf.function call, so dispatch does not count
+# The matmul dtype a precision's Dense layers run in. No MFU for mixed_float16: a CPU has
+# no float16 matmul units, so there is no peak to hold it against.
+PEAK_DTYPES = {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16}
+
+
+# ---------------------------------------------------------------- machine
+
+
+def cpu_info():
+    """(model name, the bfloat16 / AMX / VNNI flags present) from /proc/cpuinfo."""
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    wanted = ("avx512f", "avx512_bf16", "avx512_fp16", "avx_vnni", "avx512_vnni",
+              "amx_tile", "amx_bf16", "amx_int8")
+    return model, [flag for flag in wanted if flag in flags]
+
+
+def matmul_peak(dtype, runs: int) -> float:
+    """Best GFLOP/s of MATMUL_CHAIN chained n x n x n matmuls over `runs` calls."""
+    n = MATMUL_SIZE
+    # x W with W ~ N(0, 1/n) keeps x at unit scale, so the chain never overflows.
+    x = tf.cast(tf.random.normal([n, n], seed=1), dtype)
+    w = tf.cast(tf.random.normal([n, n], stddev=n ** -0.5, seed=2), dtype)
+
+    @tf.function
+    def chain(x, w):
+        for _ in range(MATMUL_CHAIN):
+            x = tf.matmul(x, w)
+        return x[0, 0]
+
+    chain(x, w).numpy()  # trace
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        chain(x, w).numpy()
+        best = min(best, time.perf_counter() - start)
+    return MATMUL_CHAIN * 2 * n ** 3 / best / 1e9
+
+
+# ---------------------------------------------------------------- model FLOPs
+
+
+def forward_flops(config: keras_transformer.TransformerConfig, batch: int, source_len: int,
+                  target_len: int) -> int:
+    """Matmul FLOPs of one forward pass over a padded batch (module docstring)."""
+    d, f, vocab = config.d_model, config.d_ff, config.vocab_size
+    a_k, a_v = config.num_heads * config.d_k, config.num_heads * config.d_v
+    projections = 2 * (2 * d * a_k + 2 * d * a_v)  # Q and K to a_k, V to a_v, O back to d
+    feed_forward = 2 * 2 * d * f
+    encoder = (batch * source_len * (projections + feed_forward)
+               + batch * 2 * source_len * source_len * (a_k + a_v))
+    decoder = (batch * target_len * (projections + 2 * (d * a_k + a_v * d) + feed_forward)
+               + batch * source_len * 2 * (d * a_k + d * a_v)
+               + batch * 2 * (target_len * target_len + target_len * source_len) * (a_k + a_v))
+    output = batch * target_len * 2 * d * vocab
+    return config.num_layers * (encoder + decoder) + output
+
+
+def update_flops(config, batch: int, source_len: int, target_len: int) -> int:
+    """Forward + backward (2x forward) matmul FLOPs of one update on one batch."""
+    return 3 * forward_flops(config, batch, source_len, target_len)
+
+
+# ---------------------------------------------------------------- data
+
+
+class BatchRecord(NamedTuple):
+    batch: int
+    source_len: int
+    target_len: int
+    source_tokens: int  # non-pad
+    target_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordingData(input_pipeline.Data):
+    """The trainer's Data, whose training batches also append a BatchRecord to `records`,
+    in the order the trainer consumes them: its iterator lives inside a tf.function and
+    shows no shapes."""
+
+    records: list = dataclasses.field(default_factory=list)
+
+    def train_dataset(self, input_context=None, num_epochs=None):
+        def record(source_ids, target_output_ids):
+            source, target = source_ids.numpy(), target_output_ids.numpy()
+            self.records.append(BatchRecord(*source.shape, target.shape[1],
+                                            int(np.count_nonzero(source)),
+                                            int(np.count_nonzero(target))))
+            return 0
+
+        def tap(features, target_output_ids):
+            done = tf.py_function(record, [features[0], target_output_ids], tf.int32)
+            with tf.control_dependencies([done]):
+                return tf.nest.map_structure(tf.identity, (features, target_output_ids))
+
+        # A sequential map after the prefetch: records are in consumption order.
+        return super().train_dataset(input_context, num_epochs).map(tap)
+
+
+# ---------------------------------------------------------------- measurements
+
+
+@dataclasses.dataclass
+class Result:
+    """One row: totals over the timed updates."""
+
+    precision: str
+    jit_compile: bool
+    peak: Optional[float]  # GFLOP/s; None: no matmul peak for this precision
+    updates: int
+    seconds: float
+    cpu_seconds: float  # of this whole process, summed over its threads
+    real_tokens: float  # non-pad source + target
+    padded_tokens: int
+    flops: int
+    first_loss: float  # of the first (warm-up) update
+    mean_loss: float
+    last_loss: float
+    unseen_shapes: int  # timed updates whose batch shape no warm-up update had
+    shapes: collections.Counter  # (batch, length) -> timed updates
+    breakdown: dict  # piece -> median ms, on a batch of shapes.most_common(1)
+
+    @property
+    def cpu_busy(self) -> float:
+        """The share of all cores this process had over the timed updates."""
+        return self.cpu_seconds / self.seconds / os.cpu_count()
+
+    @property
+    def mfu(self) -> Optional[float]:
+        """Model FLOP/s over the matmul peak."""
+        return self.flops / self.seconds / 1e9 / self.peak if self.peak else None
+
+
+def time_updates(trainer: train.Trainer, steps: int):
+    """(seconds, CPU seconds of this process, losses, real tokens by the trainer's own
+    count) of `steps` updates, each read back like Trainer.train does (so no update
+    overlaps the next)."""
+    losses, tokens = [], 0.0
+    start, cpu_start = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        trainer.accumulate(trainer.iterator)
+        stats = trainer.apply()
+        losses.append(float(stats["loss"]))
+        tokens += float(stats["source_tokens"]) + float(stats["target_tokens"])
+    return time.perf_counter() - start, time.process_time() - cpu_start, losses, tokens
+
+
+def median_seconds(fn, reps: int) -> float:
+    """Median seconds of `reps` calls of fn after one untimed call (TF eager on the CPU
+    returns when the work is done)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def breakdown(trainer: train.Trainer, data, shape, reps: int) -> dict:
+    """Median milliseconds of the pieces of one update on one cached batch of `shape`."""
+    for batch in data.train_dataset():  # the first batch of the wanted shape
+        if tuple(batch[1].shape) == shape:
+            break
+    (source_ids, target_input_ids), target_output_ids = batch
+    cached = iter(input_pipeline.distribute(
+        trainer.strategy, lambda context: tf.data.Dataset.from_tensors(batch).repeat()))
+    ms = {
+        "forward (inference)": median_seconds(
+            lambda: trainer.forward(source_ids, target_input_ids), reps),
+        "forward + backward": median_seconds(
+            lambda: trainer.gradients(source_ids, target_input_ids, target_output_ids), reps),
+        "accumulate (+ sum into accumulators)": median_seconds(
+            lambda: trainer.accumulate(cached), reps),
+        "apply (all-reduce, Adam)": median_seconds(trainer.apply, reps),
+    }
+    return {name: 1000 * seconds for name, seconds in ms.items()}
+
+
+def run_precision(precision: str, jit_compile: bool, data, model_config, args, peak):
+    # The same initial weights for every row. Seeding clears TF's eager kernel cache, which
+    # frees the (kernel-owned) SentencePiece resource of every existing Tokenizer: build a
+    # new one after it. A fresh records list: no other iterator appends to it.
+    keras.utils.set_random_seed(0)
+    tokenizer = tokenizer_lib.Tokenizer(data.tokenizers.target.model_proto)
+    data = dataclasses.replace(data, tokenizers=tokenizer_lib.Tokenizers(tokenizer, tokenizer),
+                               records=[])
+    with tempfile.TemporaryDirectory() as model_dir:
+        run = train.RunConfig(model_dir=model_dir, train_steps=args.warmup_steps + args.steps,
+                              precision=precision, jit_compile=jit_compile,
+                              warmup_steps=args.schedule_warmup_steps)
+        trainer = train.Trainer(model_config, run, data, distribute.make_strategy(0))
+        trainer.restore()
+        _, _, warmup_losses, _ = time_updates(trainer, args.warmup_steps)
+        warm_shapes = {r[:3] for r in data.records[:args.warmup_steps]}
+        seconds, cpu_seconds, losses, tokens = time_updates(trainer, args.steps)
+        timed = data.records[args.warmup_steps:args.warmup_steps + args.steps]
+        recorded = sum(r.source_tokens + r.target_tokens for r in timed)
+        if recorded != tokens:
+            raise RuntimeError(f"the recorded batches ({recorded} tokens) are not the ones the "
+                               f"trainer consumed ({tokens} tokens)")
+        shapes = collections.Counter((r.batch, r.source_len) for r in timed)
+        pieces = {}
+        if args.breakdown_reps:
+            pieces = breakdown(trainer, data, shapes.most_common(1)[0][0], args.breakdown_reps)
+    return Result(
+        precision, jit_compile, peak, args.steps, seconds, cpu_seconds, tokens,
+        padded_tokens=sum(r.batch * (r.source_len + r.target_len) for r in timed),
+        flops=sum(update_flops(model_config, *r[:3]) for r in timed),
+        first_loss=warmup_losses[0], mean_loss=statistics.mean(losses), last_loss=losses[-1],
+        unseen_shapes=sum(r[:3] not in warm_shapes for r in timed), shapes=shapes,
+        breakdown=pieces)
+
+
+# ---------------------------------------------------------------- report
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=str(MULTI30K), help="the Multi30k directory")
+    parser.add_argument("--steps", type=int, default=30, help="timed updates per row")
+    parser.add_argument("--warmup_steps", type=int, default=10,
+                        help="untimed updates before them (tracing, first shapes)")
+    parser.add_argument("--precisions", default="float32,mixed_bfloat16",
+                        help=f"comma-separated, of {', '.join(train.PRECISIONS)}")
+    parser.add_argument("--jit_compile", choices=("false", "true", "both"), default="false",
+                        help="XLA-compile forward and backward; both: a row each way")
+    parser.add_argument("--batch_tokens", type=int, default=4096)
+    parser.add_argument("--max_len", type=int, default=64)
+    parser.add_argument("--vocab_size", type=int, default=8000)
+    parser.add_argument("--schedule_warmup_steps", type=int, default=1000,
+                        help="the learning-rate schedule's warm-up (the recipe's)")
+    parser.add_argument("--peak_runs", type=int, default=10)
+    parser.add_argument("--breakdown_reps", type=int, default=5,
+                        help="timed calls per piece of the update breakdown (0: skip it)")
+    args = parser.parse_args(argv)
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    for precision in precisions:
+        if precision not in train.PRECISIONS:
+            parser.error(f"unknown precision {precision!r}")
+    if args.steps < 1 or args.warmup_steps < 1:
+        parser.error("--steps and --warmup_steps must be at least 1")
+    jit_modes = {"false": [False], "true": [True], "both": [False, True]}[args.jit_compile]
+    command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0]] + sys.argv[1:])
+    load_before = os.getloadavg()
+
+    peaks = {"float32": [matmul_peak(tf.float32, args.peak_runs)],
+             "bfloat16": [matmul_peak(tf.bfloat16, args.peak_runs)]}
+
+    data_dir = Path(args.data)
+    source = sources.select(
+        train_files=(str(data_dir / "train.en.gz"), str(data_dir / "train.de.gz")),
+        eval_files=(str(data_dir / "val.en"), str(data_dir / "val.de")))
+    with tempfile.TemporaryDirectory() as vocab_dir:
+        built = input_pipeline.build(source, vocab_dir, input_pipeline.PipelineConfig(
+            max_len=args.max_len, batch_tokens=args.batch_tokens, seed=0),
+            vocab_size=args.vocab_size)
+    data = RecordingData(**{f.name: getattr(built, f.name)
+                            for f in dataclasses.fields(input_pipeline.Data)})
+    model_config = keras_transformer.TransformerConfig.small(
+        vocab_size=data.tokenizers.target.vocab_size)
+
+    results = []
+    for jit_compile in jit_modes:
+        for precision in precisions:
+            print(f"{precision}{', XLA' if jit_compile else ''} ...", flush=True)
+            # The peak of the row's precision again just before it: other processes on
+            # the machine slow both down alike, not a peak taken minutes earlier.
+            matmul_dtype = PEAK_DTYPES.get(precision)
+            peak = None
+            if matmul_dtype is not None:
+                peak = matmul_peak(matmul_dtype, args.peak_runs)
+                peaks[matmul_dtype.name].append(peak)
+            results.append(run_precision(precision, jit_compile, data, model_config, args,
+                                         peak))
+    load_after = os.getloadavg()
+
+    model, flags = cpu_info()
+    params = keras_transformer.Transformer(model_config)
+    params.build()
+    shapes = collections.Counter()
+    for result in results:
+        shapes.update(result.shapes)
+    header = [
+        ("machine", f"{os.cpu_count()} cores, {model}, flags: {' '.join(flags) or 'none'}, "
+                    f"no GPU; load average {load_before[0]:.1f} before, "
+                    f"{load_after[0]:.1f} after"),
+        ("versions", f"Python {platform.python_version()}, TensorFlow {tf.__version__}, "
+                     f"Keras {keras.__version__}, TF_ENABLE_ONEDNN_OPTS="
+                     f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset (on)')}"),
+        ("command", command),
+        ("matmul peak", f"{MATMUL_CHAIN} chained {MATMUL_SIZE}^3 matmuls, best of "
+                        f"{args.peak_runs} calls, at the start and before each row (GFLOP/s): "
+                        + "; ".join(f"{name} " + ", ".join(f"{p:,.0f}" for p in values)
+                                    for name, values in peaks.items())),
+        ("data", f"Multi30k en->de, {data.report}"),
+        ("recipe", f"TransformerConfig.small ({params.count_params() / 1e6:.2f}M parameters, "
+                   f"vocabulary {model_config.vocab_size}), max_len {args.max_len}, "
+                   f"batch_tokens {args.batch_tokens}, 1 replica, Adam, schedule warm-up "
+                   f"{args.schedule_warmup_steps}"),
+        ("timing", f"{args.warmup_steps} untimed then {args.steps} timed updates per row, "
+                   "fed by the input pipeline; batch shapes timed (batch x length: updates): "
+                   + ", ".join(f"{b}x{l}: {n}" for (b, l), n in sorted(
+                       shapes.items(), key=lambda item: item[0][1]))),
+    ]
+    print()
+    for name, value in header:
+        print(f"{name:>11}: {value}")
+    print()
+    def percent(x):
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    print("| precision | XLA | updates/s | tokens/s (real src+tgt) | tokens/s (padded) "
+          "| model GFLOP/s | peak GFLOP/s | MFU | CPU busy | loss: first -> mean timed -> last |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in results:
+        print(f"| {r.precision} | {'yes' if r.jit_compile else 'no'} "
+              f"| {r.updates / r.seconds:.3f} | {r.real_tokens / r.seconds:,.0f} "
+              f"| {r.padded_tokens / r.seconds:,.0f} | {r.flops / r.seconds / 1e9:,.0f} "
+              f"| {f'{r.peak:,.0f}' if r.peak else '-'} | {percent(r.mfu)} "
+              f"| {100 * r.cpu_busy:.0f}% "
+              f"| {r.first_loss:.2f} -> {r.mean_loss:.2f} -> {r.last_loss:.2f} |")
+    print("\nCPU busy: this process's CPU time over the timed updates / (wall time x cores). "
+          "Well short of 100%, other processes\nhad the rest, and the MFU compares updates "
+          "and a peak that met different loads: rerun on a quiet machine.")
+    unseen = [r for r in results if r.unseen_shapes]
+    if unseen:
+        print("\ntimed updates with a batch shape not seen in warm-up (their first run may "
+              "include a compilation): " + ", ".join(
+                  f"{r.precision}{' XLA' if r.jit_compile else ''}: {r.unseen_shapes}"
+                  for r in unseen))
+    if any(r.breakdown for r in results):
+        print("\nOne update on a cached batch of the most frequent shape, median ms "
+              f"of {args.breakdown_reps} (MFU against the row's peak above):\n")
+        names = list(next(r.breakdown for r in results if r.breakdown))
+        print("| precision | XLA | shape | " + " | ".join(names) + " | MFU of forward + backward |")
+        print("|---|---|---|" + "---:|" * (len(names) + 1))
+        for r in results:
+            if not r.breakdown:
+                continue
+            batch, length = r.shapes.most_common(1)[0][0]
+            flops = update_flops(model_config, batch, length, length)
+            seconds = r.breakdown["forward + backward"] / 1000
+            mfu = percent(flops / seconds / 1e9 / r.peak if r.peak else None)
+            print(f"| {r.precision} | {'yes' if r.jit_compile else 'no'} | {batch}x{length} | "
+                  + " | ".join(f"{r.breakdown[n]:,.0f}" for n in names) + f" | {mfu} |")
+
+
+if __name__ == "__main__":
+    main()
