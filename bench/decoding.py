@@ -5,9 +5,9 @@ Measures, on Multi30k test2016 English sources (or --src):
   1. the exported SavedModel's serving_default signature (beam 4, alpha 0.6: text in,
      text out, tokenization included), in length-sorted batches as trainer.translate
      sends them: sentences/s and target tokens/s (output subwords + EOS);
-  2. with --model_dir: the same translation in-process with the key/value cache and
-     without it (every step recomputes the decoder over the whole prefix), on the first
-     --uncached_sentences sentences;
+  2. with --model_dir: on the first --uncached_sentences sentences, the SavedModel again
+     and the same translation in-process with the key/value cache and without it (every
+     step recomputes the decoder over the whole prefix);
   3. with --model_dir: how decoding time grows with output length: greedy steps forced
      to L tokens (no early stop) for a batch of sources x beam rows, cached vs uncached.
      Cached steps cost O(L) attention each; uncached steps redo the whole prefix, O(L^2).
@@ -142,6 +142,10 @@ def main(argv=None):
     scaling = None
     if args.model_dir:
         subset = texts[:args.uncached_sentences]
+        out, seconds = timed_translation(loaded.signatures["serving_default"], subset,
+                                         args.batch_size)
+        rows.append(("SavedModel serving_default, beam 4", len(subset), seconds,
+                     target_tokens(processor, out)))
         for use_cache in (True, False):
             translator, _ = export.build_translator(args.model_dir)
             translator.use_cache = use_cache
@@ -157,7 +161,9 @@ def main(argv=None):
         scaling = length_scaling(translator.model, source_ids, lengths)
 
     print()
-    for name, value in (("machine", f"{os.cpu_count()} cores, {cpu_model()}"),
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    for name, value in (("machine", f"{os.cpu_count()} cores, {cpu_model()}, load average "
+                                    f"{load} at the end (other work slows the numbers)"),
                         ("python", platform.python_version()),
                         ("tensorflow", tf.__version__),
                         ("tf-text", tensorflow_text.__version__),

@@ -79,6 +79,12 @@ def test_score_gives_the_empty_source_only_the_empty_translation(loaded):
     assert np.isfinite(log_probs[2]) and log_probs[2] < 0
 
 
+def test_score_rejects_targets_that_do_not_pair_with_the_inputs(loaded):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one target per input"):
+        loaded.signatures["score"](inputs=tf.constant(["seven", "eight"]),
+                                   targets=tf.constant(["sieben"]))
+
+
 def test_attention_rows_are_distributions_over_the_real_source_pieces(loaded):
     texts = ["seven", sources(4)[-1], ""]
     out = loaded.signatures["attention"](inputs=tf.constant(texts))

@@ -10,10 +10,10 @@ are the SavedModel's signatures (trainer/export.py):
   score          (tf.string [batch], tf.string [batch]) -> log_probs, scores, lengths
   attention      tf.string [batch] -> pieces and attention weights (paper section 3.2, 4)
 
-Every one of them gives one result per input and never fails on what a client can send:
-empty or whitespace-only text translates to "", text longer than the model's positions is
-truncated, invalid UTF-8 is replaced by U+FFFD, and outputs have at most
-config.max_length - 1 tokens.
+Every one of them gives one result per input whatever the input (only `score` rejects a
+call whose inputs and targets differ in number): empty or whitespace-only text translates
+to "", text longer than the model's positions is truncated, invalid UTF-8 is replaced by
+U+FFFD, and outputs have at most config.max_length - 1 tokens.
 """
 
 from typing import Callable, Dict, List, Sequence
