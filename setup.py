@@ -22,6 +22,7 @@ setup(
         "absl-py>=2.0",
         "tensorboard>=2.20",
         "sentencepiece>=0.2",
+        "sacremoses>=0.1",
         "tensorflow-serving-api>=2.21,<2.22",
         "matplotlib>=3.7",
     ],

@@ -144,3 +144,13 @@ def test_two_workers_on_localhost_train_with_multi_worker_mirrored_strategy(tmp_
     assert latest_step(model_dir) == 10
     assert not [d for d in os.listdir(model_dir) if d.startswith("workertemp")]
     assert summaries(model_dir, "loss")[10] > 0
+
+
+def test_the_time_budget_stops_training_with_a_checkpoint_before_train_steps(tmp_path):
+    model_dir = str(tmp_path / "run")
+    result = task(*QUICK, "--train_steps=100000", "--max_train_minutes=0.02",
+                  "--checkpoint_every=100000", f"--model_dir={model_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "time budget of 0.02 minutes spent at step" in result.stdout
+    step = latest_step(model_dir)
+    assert 0 < step < 100000, "a checkpoint at the step where the budget ran out"

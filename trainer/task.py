@@ -62,6 +62,10 @@ flags.DEFINE_float("alpha", 0.6, "Length penalty for validation BLEU and the exp
 flags.DEFINE_integer("bleu_sentences", 500, "Validation sentences translated for BLEU (0: all).")
 flags.DEFINE_string("bleu_tokenize", "13a", "sacreBLEU tokenizer for validation BLEU "
                     "(the builtin corpus always uses 'char').")
+flags.DEFINE_float("max_train_minutes", 0, "Stop training (with a checkpoint) after this many "
+                   "minutes of this invocation, even before --train_steps (0: no limit).")
+flags.DEFINE_integer("average_last", 0, "Export the mean of the last N checkpoints (the paper: "
+                     "5 for base, 20 for big; 0 exports the last checkpoint).")
 flags.DEFINE_integer("seed", 0, "Random seed (weights, dropout, shuffling, builtin corpus).")
 
 
@@ -177,7 +181,8 @@ def main(argv):
         warmup_steps=FLAGS.warmup_steps, learning_rate_scale=FLAGS.learning_rate_scale,
         eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
         keep_checkpoints=FLAGS.keep_checkpoints, log_every=FLAGS.log_every,
-        beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, bleu_sentences=FLAGS.bleu_sentences)
+        beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, bleu_sentences=FLAGS.bleu_sentences,
+        max_train_minutes=FLAGS.max_train_minutes)
     print(f"model: {FLAGS.config} ({config.num_layers} layers, d_model {config.d_model}, "
           f"vocabulary {config.vocab_size}), {strategy.num_replicas_in_sync} replica(s), "
           f"{run.precision}, model_dir {model_dir}", flush=True)
@@ -198,7 +203,8 @@ def main(argv):
     export_dir = FLAGS.export_dir or os.path.join("saved_models", name)
     if export_dir.lower() != "none" and distribute.is_chief():
         from trainer import export
-        path = export.export(model_dir, export_dir, beam_size=run.beam_size, alpha=run.alpha)
+        path = export.export(model_dir, export_dir, beam_size=run.beam_size, alpha=run.alpha,
+                             average_last=FLAGS.average_last)
         print(f"exported SavedModel to {path}")
 
 

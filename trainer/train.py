@@ -42,6 +42,8 @@ class RunConfig:
       eval_every, checkpoint_every, keep_checkpoints, log_every: in updates.
       beam_size, alpha: decoding for validation BLEU.
       bleu_sentences: validation sentences translated for BLEU (0: all).
+      max_train_minutes: wall-time budget of this invocation's training loop (0: none);
+        when spent, training checkpoints and stops before train_steps.
     """
 
     model_dir: str
@@ -58,6 +60,7 @@ class RunConfig:
     beam_size: int = 4
     alpha: float = 0.6
     bleu_sentences: int = 0
+    max_train_minutes: float = 0.0
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -242,6 +245,7 @@ class Trainer:
             "loss", "lr", "tok/s"], verbose=1 if self.chief else 0, interval=1.0)
         progress.update(step)
         metrics, last_time, last_step, tokens_since = {}, time.time(), step, 0.0
+        deadline = time.time() + 60 * run.max_train_minutes if run.max_train_minutes else None
         while step < run.train_steps:
             for _ in range(run.accum_steps):
                 self.accumulate(self.iterator)
@@ -262,11 +266,17 @@ class Trainer:
                 progress.update(step, [("loss", stats["loss"]), ("lr", stats["learning_rate"]),
                                        ("tok/s", stats["tokens_per_second"])])
                 last_time, last_step, tokens_since = time.time(), step, 0.0
-            if step % run.checkpoint_every == 0 or step == run.train_steps:
+            out_of_time = deadline is not None and time.time() > deadline
+            if out_of_time:
+                log(f"\ntime budget of {run.max_train_minutes:g} minutes spent at step {step}")
+            last = step == run.train_steps or out_of_time
+            if step % run.checkpoint_every == 0 or last:
                 self.save(step)
-            if self.chief and (step % run.eval_every == 0 or step == run.train_steps):
+            if self.chief and (step % run.eval_every == 0 or last):
                 metrics = self.evaluate(step)
                 log(f"\nstep {step}: " + ", ".join(f"validation {k} {v:.4g}"
                                                     for k, v in metrics.items()))
+            if out_of_time:
+                break
         self.writer.flush()
         return {**{f"train_{k}": v for k, v in stats.items()}, **metrics}
