@@ -9,7 +9,7 @@ Layout, as TF Serving expects:
   <export_dir>/<version>/assets.extra/export.json    checkpoints, beam settings, model config
 
 The version is one more than the highest already in export_dir (1 for a new one). The
-export is written to `<export_dir>/.tmp-<version>` and renamed, so a server polling
+export is written to `<export_dir>/.tmp-<version>-<pid>` and renamed, so a server polling
 export_dir never sees a half-written version.
 
 Signatures (inputs -> outputs; see trainer/translator.py for the details):
@@ -108,7 +108,8 @@ def export(model_dir: str, export_dir: str, beam_size: int = 4, alpha: float = 0
 
     tf.io.gfile.makedirs(export_dir)
     version = (versions(export_dir) or [0])[-1] + 1
-    staging = os.path.join(export_dir, f".tmp-{version}")
+    # The pid keeps two concurrent exports out of each other's staging directory.
+    staging = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
         tf.saved_model.save(translator, staging, signatures=signatures)
