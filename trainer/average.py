@@ -65,9 +65,12 @@ def write_averaged(model_dir: str, last: int) -> str:
     return os.path.join(out, f"ckpt-{step}")
 
 
-flags.DEFINE_string("model_dir", None, "Model directory of python -m trainer.task.")
-flags.DEFINE_integer("last", 5, "Number of most recent checkpoints to average (paper: 5 for "
-                     "base, 20 for big).")
+def _define_flags():
+    # Defined only when run as a program: trainer.export and trainer.task import this module
+    # and have flags of the same names.
+    flags.DEFINE_string("model_dir", None, "Model directory of python -m trainer.task.")
+    flags.DEFINE_integer("last", 5, "Number of most recent checkpoints to average (paper: 5 "
+                         "for base, 20 for big).")
 
 
 def main(argv):
@@ -83,4 +86,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

@@ -176,11 +176,7 @@ def _define_flags():
     # Defined only when run as a program: trainer.task imports this module after parsing
     # its own flags, some of the same names.
     from absl import flags
-    # trainer.average defines --model_dir (and --last) when imported; until it defines them
-    # only as a program, import it first and share its --model_dir.
-    from trainer import average  # noqa: F401
-    if "model_dir" not in flags.FLAGS:
-        flags.DEFINE_string("model_dir", None, "Model directory of python -m trainer.task.")
+    flags.DEFINE_string("model_dir", None, "Model directory of python -m trainer.task.")
     flags.DEFINE_string("export_dir", None, "Where versions go (default "
                         "saved_models/<name of model_dir>).")
     flags.DEFINE_integer("average_last", 0, "Export the mean of the last N checkpoints "

@@ -160,6 +160,10 @@ class Tokenizer(tf.Module):
         """
         return self._sentencepiece.tokenize(strings)
 
+    def id_to_piece(self, ids) -> tf.Tensor:
+        """The subword string of each id: int [...] -> tf.string [...]."""
+        return self._sentencepiece.id_to_string(ids)
+
     def detokenize(self, ids) -> tf.Tensor:
         """Text of each id sequence, read up to its first EOS; PAD and BOS are ignored.
 

@@ -205,7 +205,7 @@ def _valid_utf8(strings):
 def _pieces(tokenizer, ids):
     """int [batch, length] -> tf.string [batch, length], the subword of each id."""
     # The tf-text op; Tokenizer exposes no piece lookup of its own yet.
-    return tokenizer._sentencepiece.id_to_string(ids)
+    return tokenizer.id_to_piece(ids)
 
 
 def translate_texts(translate: Callable[[tf.Tensor], Dict[str, tf.Tensor]],
