@@ -204,7 +204,6 @@ def _valid_utf8(strings):
 
 def _pieces(tokenizer, ids):
     """int [batch, length] -> tf.string [batch, length], the subword of each id."""
-    # The tf-text op; Tokenizer exposes no piece lookup of its own yet.
     return tokenizer.id_to_piece(ids)
 
 
