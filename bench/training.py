@@ -11,7 +11,9 @@ In one process, on this machine:
      vocabulary, max_len 64, 4096 padded tokens per batch, Adam on the warm-up
      schedule, label-smoothed loss), fed by the real input pipeline; --warmup_steps
      updates (tracing, first shapes) are run and not timed, then --steps updates are
-     timed exactly as `Trainer.train` runs them (accumulate, apply, read the stats);
+     timed exactly as `Trainer.train` runs them (accumulate, apply, read the stats).
+     A timed update whose batch shape is new pays a one-off compilation (oneDNN
+     primitives; XLA) and is reported apart, not in the rates;
   3. model FLOPs of every timed update from the config and that update's batch shape,
      and MFU = achieved model FLOP/s / the matmul peak of the same precision;
   4. optionally (--breakdown_reps) where one update's time goes, on one cached batch
@@ -52,7 +54,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import List, NamedTuple, Optional
 
 import keras
 import numpy as np
@@ -177,7 +179,7 @@ class RecordingData(input_pipeline.Data):
 
 @dataclasses.dataclass
 class Result:
-    """One row: totals over the timed updates."""
+    """One row: totals over the timed updates but the first of each new batch shape."""
 
     precision: str
     jit_compile: bool
@@ -189,9 +191,9 @@ class Result:
     padded_tokens: int
     flops: int
     first_loss: float  # of the first (warm-up) update
-    mean_loss: float
+    mean_loss: float  # over all timed updates
     last_loss: float
-    unseen_shapes: int  # timed updates whose batch shape no warm-up update had
+    first_of_shape: List[float]  # seconds of the timed updates set apart
     shapes: collections.Counter  # (batch, length) -> timed updates
     breakdown: dict  # piece -> median ms, on a batch of shapes.most_common(1)
 
@@ -206,18 +208,24 @@ class Result:
         return self.flops / self.seconds / 1e9 / self.peak if self.peak else None
 
 
-def time_updates(trainer: train.Trainer, steps: int):
-    """(seconds, CPU seconds of this process, losses, real tokens by the trainer's own
-    count) of `steps` updates, each read back like Trainer.train does (so no update
-    overlaps the next)."""
-    losses, tokens = [], 0.0
-    start, cpu_start = time.perf_counter(), time.process_time()
+class Update(NamedTuple):
+    seconds: float
+    cpu_seconds: float  # of this whole process, summed over its threads
+    loss: float
+    tokens: float  # non-pad source + target, by the trainer's own count
+
+
+def time_updates(trainer: train.Trainer, steps: int) -> List[Update]:
+    """`steps` updates, each read back like Trainer.train does (so none overlaps the next)."""
+    updates = []
     for _ in range(steps):
+        start, cpu_start = time.perf_counter(), time.process_time()
         trainer.accumulate(trainer.iterator)
         stats = trainer.apply()
-        losses.append(float(stats["loss"]))
-        tokens += float(stats["source_tokens"]) + float(stats["target_tokens"])
-    return time.perf_counter() - start, time.process_time() - cpu_start, losses, tokens
+        loss = float(stats["loss"])
+        updates.append(Update(time.perf_counter() - start, time.process_time() - cpu_start,
+                              loss, float(stats["source_tokens"] + stats["target_tokens"])))
+    return updates
 
 
 def median_seconds(fn, reps: int) -> float:
@@ -266,25 +274,33 @@ def run_precision(precision: str, jit_compile: bool, data, model_config, args, p
                               warmup_steps=args.schedule_warmup_steps)
         trainer = train.Trainer(model_config, run, data, distribute.make_strategy(0))
         trainer.restore()
-        _, _, warmup_losses, _ = time_updates(trainer, args.warmup_steps)
-        warm_shapes = {r[:3] for r in data.records[:args.warmup_steps]}
-        seconds, cpu_seconds, losses, tokens = time_updates(trainer, args.steps)
-        timed = data.records[args.warmup_steps:args.warmup_steps + args.steps]
-        recorded = sum(r.source_tokens + r.target_tokens for r in timed)
-        if recorded != tokens:
-            raise RuntimeError(f"the recorded batches ({recorded} tokens) are not the ones the "
-                               f"trainer consumed ({tokens} tokens)")
-        shapes = collections.Counter((r.batch, r.source_len) for r in timed)
+        warmup = time_updates(trainer, args.warmup_steps)
+        timed = time_updates(trainer, args.steps)
+        batches = data.records[args.warmup_steps:args.warmup_steps + args.steps]
+        for update, batch in zip(timed, batches):
+            if update.tokens != batch.source_tokens + batch.target_tokens:
+                raise RuntimeError("the recorded batches are not the ones the trainer consumed")
+        # The first update of a shape traces or compiles (oneDNN primitives, XLA): a cost
+        # paid once per shape in a run of thousands of updates, so it is set apart.
+        seen = {batch[:3] for batch in data.records[:args.warmup_steps]}
+        steady, first_of_shape = [], []
+        for update, batch in zip(timed, batches):
+            (first_of_shape if batch[:3] not in seen else steady).append((update, batch))
+            seen.add(batch[:3])
+        shapes = collections.Counter((batch.batch, batch.source_len) for batch in batches)
         pieces = {}
         if args.breakdown_reps:
             pieces = breakdown(trainer, data, shapes.most_common(1)[0][0], args.breakdown_reps)
     return Result(
-        precision, jit_compile, peak, args.steps, seconds, cpu_seconds, tokens,
-        padded_tokens=sum(r.batch * (r.source_len + r.target_len) for r in timed),
-        flops=sum(update_flops(model_config, *r[:3]) for r in timed),
-        first_loss=warmup_losses[0], mean_loss=statistics.mean(losses), last_loss=losses[-1],
-        unseen_shapes=sum(r[:3] not in warm_shapes for r in timed), shapes=shapes,
-        breakdown=pieces)
+        precision, jit_compile, peak, updates=len(steady),
+        seconds=sum(u.seconds for u, _ in steady),
+        cpu_seconds=sum(u.cpu_seconds for u, _ in steady),
+        real_tokens=sum(u.tokens for u, _ in steady),
+        padded_tokens=sum(b.batch * (b.source_len + b.target_len) for _, b in steady),
+        flops=sum(update_flops(model_config, *b[:3]) for _, b in steady),
+        first_loss=warmup[0].loss, mean_loss=statistics.mean(u.loss for u in timed),
+        last_loss=timed[-1].loss, first_of_shape=[u.seconds for u, _ in first_of_shape],
+        shapes=shapes, breakdown=pieces)
 
 
 # ---------------------------------------------------------------- report
@@ -374,7 +390,8 @@ def main(argv=None):
                    f"batch_tokens {args.batch_tokens}, 1 replica, Adam, schedule warm-up "
                    f"{args.schedule_warmup_steps}"),
         ("timing", f"{args.warmup_steps} untimed then {args.steps} timed updates per row, "
-                   "fed by the input pipeline; batch shapes timed (batch x length: updates): "
+                   "fed by the input pipeline, each read back; rates leave out the first "
+                   "update of a new shape; batch shapes timed (batch x length: updates): "
                    + ", ".join(f"{b}x{l}: {n}" for (b, l), n in sorted(
                        shapes.items(), key=lambda item: item[0][1]))),
     ]
@@ -398,12 +415,12 @@ def main(argv=None):
     print("\nCPU busy: this process's CPU time over the timed updates / (wall time x cores). "
           "Well short of 100%, other processes\nhad the rest, and the MFU compares updates "
           "and a peak that met different loads: rerun on a quiet machine.")
-    unseen = [r for r in results if r.unseen_shapes]
-    if unseen:
-        print("\ntimed updates with a batch shape not seen in warm-up (their first run may "
-              "include a compilation): " + ", ".join(
-                  f"{r.precision}{' XLA' if r.jit_compile else ''}: {r.unseen_shapes}"
-                  for r in unseen))
+    if any(r.first_of_shape for r in results):
+        print("\nSet apart, not in the rates: the first timed update of a shape that no "
+              "earlier update had (seconds): " + "; ".join(
+                  f"{r.precision}{' XLA' if r.jit_compile else ''} "
+                  + ", ".join(f"{s:.1f}" for s in r.first_of_shape)
+                  for r in results if r.first_of_shape))
     if any(r.breakdown for r in results):
         print("\nOne update on a cached batch of the most frequent shape, median ms "
               f"of {args.breakdown_reps} (MFU against the row's peak above):\n")
