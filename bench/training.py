@@ -40,7 +40,8 @@ so they show up as lost MFU. Not a test: run it by hand from the repository root
 
   python bench/training.py [--steps=30 --warmup_steps=10 --jit_compile=both ...]
 
-(defaults take ~6-8 minutes on 2 cores) and copy its table into the README.
+(defaults: about 2 minutes on the 2 idle cores, 5 on a shared machine; --jit_compile=both
+doubles it) and copy its table into the README.
 """
 
 import argparse
@@ -287,6 +288,8 @@ def run_precision(precision: str, jit_compile: bool, data, model_config, args, p
         for update, batch in zip(timed, batches):
             (first_of_shape if batch[:3] not in seen else steady).append((update, batch))
             seen.add(batch[:3])
+        if not steady:  # too few timed updates to set any apart
+            steady, first_of_shape = first_of_shape, []
         shapes = collections.Counter((batch.batch, batch.source_len) for batch in batches)
         pieces = {}
         if args.breakdown_reps:
