@@ -139,3 +139,19 @@ def test_loss_scale_is_used_only_for_float16(data, tmp_path):
     bf16 = make_trainer(data, tmp_path, "bf16", precision="mixed_bfloat16")
     assert not isinstance(bf16.optimizer, keras.optimizers.LossScaleOptimizer)
     assert bf16.model.compute_dtype == "bfloat16" and bf16.model.variable_dtype == "float32"
+
+
+def test_a_resumed_stream_continues_where_the_checkpointed_run_was(data, tmp_path):
+    """Resuming at step k skips the k * accum_steps batches the checkpointed run consumed:
+    its first batch is the batch an uninterrupted run would see next."""
+    uninterrupted = iter(data.train_dataset())
+    for _ in range(7):
+        next(uninterrupted)
+    expected = next(uninterrupted)
+    trainer = make_trainer(data, tmp_path, "resumed", accum_steps=1)
+    trainer.optimizer.iterations.assign(7)  # as if a checkpoint of step 7 was restored
+    assert trainer.restore() == 7
+    resumed = next(trainer.iterator)
+    for got, want in zip(tf.nest.flatten(resumed), tf.nest.flatten(expected)):
+        got = trainer.strategy.experimental_local_results(got)[0]
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
