@@ -29,7 +29,6 @@ import platform
 import shlex
 import sys
 import time
-from pathlib import Path
 
 import keras
 import sentencepiece
@@ -38,21 +37,10 @@ import tensorflow_text
 
 from keras_transformer import BOS_ID
 from trainer import export
-from trainer.translator import Translator, translate_texts
+from trainer.translator import translate_texts
 
-MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
+import machine
+from machine import MULTI30K
 
 def timed_translation(translate, texts, batch_size):
     """(translations, seconds) after one warm-up batch (tracing, thread pools)."""
@@ -162,7 +150,7 @@ def main(argv=None):
 
     print()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    for name, value in (("machine", f"{os.cpu_count()} cores, {cpu_model()}, load average "
+    for name, value in (("machine", f"{machine.describe()}, load average "
                                     f"{load} at the end (other work slows the numbers)"),
                         ("python", platform.python_version()),
                         ("tensorflow", tf.__version__),

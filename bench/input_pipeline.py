@@ -34,19 +34,8 @@ import tensorflow_text
 import keras_transformer
 from trainer import input_pipeline, sources
 
-MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
+import machine
+from machine import MULTI30K
 
 def real_tokens(batch) -> int:
     """Non-pad source + target positions of a batch (target counted once, as outputs)."""
@@ -152,7 +141,7 @@ def main(argv=None):
     fed_rate = measure_fed_steps(train_step, data.train_dataset(), args.train_steps)
 
     rows = [
-        ("machine", f"{os.cpu_count()} cores, {cpu_model()}, no GPU; load average before "
+        ("machine", f"{machine.describe()}; load average before "
                     f"the run {load_before:.1f}, after {os.getloadavg()[0]:.1f}"),
         ("versions", f"Python {platform.python_version()}, TensorFlow {tf.__version__}, "
                      f"tensorflow-text {tensorflow_text.__version__}, Keras {keras.__version__}, "

@@ -78,9 +78,9 @@ from trainer import export, model_dir as model_dir_lib, tokenizer as tokenizer_l
 from trainer.translator import Translator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers_training import KerasHubTransformer, cpu_info  # noqa: E402
-
-MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+import machine  # noqa: E402
+from machine import MULTI30K  # noqa: E402
+from peers_training import KerasHubTransformer  # noqa: E402
 BEAM_SIZE, ALPHA, EXTRA_LENGTH = 4, 0.6, 50
 
 
@@ -289,7 +289,7 @@ def main(argv=None):
         return best_ids(result["ids"].numpy()), None
 
     def run_text(batch):
-        result = serving(inputs=tf.constant(batch[0]))
+        serving(inputs=tf.constant(batch[0]))
         return [None] * len(batch[0]), None
 
     def run_ours(use_cache):
@@ -345,10 +345,8 @@ def main(argv=None):
     steps = {i.name: i.steps for i in impls}
     steps[impls[0].name] = steps[impls[1].name] = impls[2].steps
 
-    model_name, flags = cpu_info()
     header = [
-        ("machine", f"{os.cpu_count()} cores, {model_name}, flags: {' '.join(flags) or 'none'}, "
-                    "no GPU"),
+        ("machine", machine.describe()),
         ("load", "os.getloadavg() 1-min at start, after warm-up, end: "
                  + ", ".join(f"{load[0]:.2f}" for load in loads)),
         ("versions", f"Python {platform.python_version()}, TensorFlow {tf.__version__}, "

@@ -29,15 +29,8 @@ implementation runs one untimed pass over the pool (tracing, every shape once), 
 batch), so load from other processes falls on all of them alike. Every update is read back
 (loss to the host) before the next, as Trainer.train does.
 
-Model FLOPs (PaLM appendix B: matmuls only, on padded positions, backward = 2x forward),
-one formula for all three. A batch is B pairs padded to S source and T target positions;
-d = d_model, f = d_ff, a = heads * d_k = d, V = vocabulary, N = layers:
-
-    P_src = N (4 d a + 2 d f) + N 2 d a       encoder Q K V O + FFN; cross-attention K, V
-    P_tgt = N (4 d a + 2 d a + 2 d f) + d V   self Q K V O, cross Q O, FFN; output
-    forward = 2 (B S P_src + B T P_tgt) + N B (4 S^2 a + 4 T^2 a + 4 T S a)
-    update  = 3 forward  (= 6 * matmul params * tokens + the attention terms)
-
+Model FLOPs: machine.update_flops (PaLM appendix B: matmuls only, on padded positions,
+backward = 2x forward; the formula is in bench/machine.py), one count for all three.
 The causal half of self-attention is counted (every implementation computes it). MFU =
 model FLOP/s / the matmul peak of that precision: the best of TF's and torch's chained
 2048^3 matmuls (float32; bfloat16 in, bfloat16 out), measured at the start, before each
@@ -83,47 +76,13 @@ import keras_transformer
 from keras_transformer.losses import label_smoothed_cross_entropy
 from trainer import distribute, input_pipeline, sources, train
 
-MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
-MATMUL_SIZE = 2048
-MATMUL_CHAIN = 4  # matmuls per timed call, so dispatch does not count
+import machine
+from machine import MATMUL_CHAIN, MATMUL_SIZE, MULTI30K, seconds, tf_matmul_peak, update_flops
+
 IMPLEMENTATIONS = ("ours", "keras-hub", "torch")
 
 
 # ---------------------------------------------------------------- machine and peak
-
-
-def cpu_info():
-    """(model name, the bfloat16 / AMX flags present) from /proc/cpuinfo."""
-    model, flags = platform.processor() or "unknown", set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    wanted = ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
-    return model, [flag for flag in wanted if flag in flags]
-
-
-def tf_matmul_peak(dtype, runs: int) -> float:
-    """Best GFLOP/s of MATMUL_CHAIN chained n^3 matmuls in a tf.function."""
-    n = MATMUL_SIZE
-    # x W with W ~ N(0, 1/n) keeps x at unit scale, so the chain never overflows.
-    x = tf.cast(tf.random.normal([n, n], seed=1), dtype)
-    w = tf.cast(tf.random.normal([n, n], stddev=n ** -0.5, seed=2), dtype)
-
-    @tf.function
-    def chain(x, w):
-        for _ in range(MATMUL_CHAIN):
-            x = tf.matmul(x, w)
-        return x[0, 0]
-
-    chain(x, w).numpy()
-    best = min(_seconds(lambda: chain(x, w).numpy()) for _ in range(runs))
-    return MATMUL_CHAIN * 2 * n ** 3 / best / 1e9
 
 
 def torch_matmul_peak(dtype, runs: int) -> float:
@@ -140,29 +99,8 @@ def torch_matmul_peak(dtype, runs: int) -> float:
         return float(y[0, 0])
 
     chain()
-    best = min(_seconds(chain) for _ in range(runs))
+    best = min(seconds(chain) for _ in range(runs))
     return MATMUL_CHAIN * 2 * n ** 3 / best / 1e9
-
-
-def _seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-# ---------------------------------------------------------------- model FLOPs
-
-
-def update_flops(config: keras_transformer.TransformerConfig, batch: int, source_len: int,
-                 target_len: int) -> int:
-    """Matmul FLOPs of forward + backward on one padded batch (module docstring)."""
-    d, f, vocab, n = config.d_model, config.d_ff, config.vocab_size, config.num_layers
-    a = config.num_heads * config.d_k
-    source_params = n * (4 * d * a + 2 * d * f) + n * 2 * d * a
-    target_params = n * (4 * d * a + 2 * d * a + 2 * d * f) + d * vocab
-    attention = n * batch * 4 * a * (source_len ** 2 + target_len ** 2 + target_len * source_len)
-    forward = 2 * batch * (source_len * source_params + target_len * target_params) + attention
-    return 3 * forward
 
 
 # ---------------------------------------------------------------- data
@@ -520,7 +458,7 @@ def timed_update(impl, batch: Batch, row: Row, config) -> float:
 
 def median_ms(fn, reps: int) -> float:
     fn()
-    return 1000 * statistics.median(_seconds(fn) for _ in range(reps))
+    return 1000 * statistics.median(seconds(fn) for _ in range(reps))
 
 
 def build_pool(args):
@@ -632,12 +570,9 @@ def main(argv=None):
 
 
 def report(args, command, loads, peaks, data, config, pool, shapes, common, probe, rows):
-    model, flags = cpu_info()
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
     onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "unset (on)")
     header = [
-        ("machine", f"{os.cpu_count()} cores, {model}, flags: {' '.join(flags) or 'none'}, "
-                    f"no GPU, {memory:.0f} GiB"),
+        ("machine", machine.describe()),
         ("load", "os.getloadavg() 1-min at start, around each timed block, end: "
                  + ", ".join(f"{load[0]:.2f}" for load in loads)),
         ("versions", f"Python {platform.python_version()}, TensorFlow {tf.__version__}, "

@@ -19,23 +19,9 @@ In one process, on this machine:
   4. optionally (--breakdown_reps) where one update's time goes, on one cached batch
      of the most frequent shape: forward, forward + backward, accumulate, apply.
 
-Model FLOPs (the convention of PaLM, appendix B: matmuls only, counted on padded
-positions because the step computes them). A batch is B pairs padded to S source and
-T target positions (the pipeline pads both to the bucket length); d = d_model,
-f = d_ff, a = heads * d_k (= heads * d_v = d here), V = vocabulary, N = layers:
-
-    encoder layer:  B*S * (2*4*d*a + 2*2*d*f)          Q, K, V, O projections, FFN
-                    + B * 2*2*S*S*a                    Q K^T and weights . V
-    decoder layer:  B*T * (2*4*d*a + 2*2*d*a + 2*2*d*f) self Q K V O, cross Q O, FFN
-                    + B*S * 2*2*d*a                    cross K, V of the encoder output
-                    + B * (2*2*T*T*a + 2*2*T*S*a)      self- and cross-attention
-    output:         B*T * 2*d*V                        pre-softmax projection
-    forward = N * (encoder layer + decoder layer) + output;   update = 3 * forward
-
-(the backward pass costs two forward matmuls per matmul). The forward count equals the
-sum over the MatMul and BatchMatMul ops of the traced forward graph. The causal mask does not
-halve the self-attention count: the step computes the masked half too. Embedding
-lookups, biases, LayerNorm, softmax, dropout, the loss and Adam are not counted,
+Model FLOPs: machine.update_flops, the matmul count written out in bench/machine.py
+(its forward count equals the sum over the MatMul and BatchMatMul ops of the traced
+forward graph). Embedding lookups, biases, LayerNorm, softmax, dropout, the loss and Adam are not counted,
 so they show up as lost MFU. Not a test: run it by hand from the repository root,
 
   python bench/training.py [--steps=30 --warmup_steps=10 --jit_compile=both ...]
@@ -65,78 +51,12 @@ import keras_transformer
 from trainer import distribute, input_pipeline, sources, train
 from trainer import tokenizer as tokenizer_lib
 
-MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
-MATMUL_SIZE = 2048
-MATMUL_CHAIN = 4  # matmuls per tf.function call, so dispatch does not count
+import machine
+from machine import MATMUL_CHAIN, MATMUL_SIZE, MULTI30K, tf_matmul_peak, update_flops
+
 # The matmul dtype a precision's Dense layers run in. No MFU for mixed_float16: a CPU has
 # no float16 matmul units, so there is no peak to hold it against.
 PEAK_DTYPES = {"float32": tf.float32, "mixed_bfloat16": tf.bfloat16}
-
-
-# ---------------------------------------------------------------- machine
-
-
-def cpu_info():
-    """(model name, the bfloat16 / AMX / VNNI flags present) from /proc/cpuinfo."""
-    model, flags = platform.processor() or "unknown", set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    wanted = ("avx512f", "avx512_bf16", "avx512_fp16", "avx_vnni", "avx512_vnni",
-              "amx_tile", "amx_bf16", "amx_int8")
-    return model, [flag for flag in wanted if flag in flags]
-
-
-def matmul_peak(dtype, runs: int) -> float:
-    """Best GFLOP/s of MATMUL_CHAIN chained n x n x n matmuls over `runs` calls."""
-    n = MATMUL_SIZE
-    # x W with W ~ N(0, 1/n) keeps x at unit scale, so the chain never overflows.
-    x = tf.cast(tf.random.normal([n, n], seed=1), dtype)
-    w = tf.cast(tf.random.normal([n, n], stddev=n ** -0.5, seed=2), dtype)
-
-    @tf.function
-    def chain(x, w):
-        for _ in range(MATMUL_CHAIN):
-            x = tf.matmul(x, w)
-        return x[0, 0]
-
-    chain(x, w).numpy()  # trace
-    best = float("inf")
-    for _ in range(runs):
-        start = time.perf_counter()
-        chain(x, w).numpy()
-        best = min(best, time.perf_counter() - start)
-    return MATMUL_CHAIN * 2 * n ** 3 / best / 1e9
-
-
-# ---------------------------------------------------------------- model FLOPs
-
-
-def forward_flops(config: keras_transformer.TransformerConfig, batch: int, source_len: int,
-                  target_len: int) -> int:
-    """Matmul FLOPs of one forward pass over a padded batch (module docstring)."""
-    d, f, vocab = config.d_model, config.d_ff, config.vocab_size
-    a_k, a_v = config.num_heads * config.d_k, config.num_heads * config.d_v
-    projections = 2 * (2 * d * a_k + 2 * d * a_v)  # Q and K to a_k, V to a_v, O back to d
-    feed_forward = 2 * 2 * d * f
-    encoder = (batch * source_len * (projections + feed_forward)
-               + batch * 2 * source_len * source_len * (a_k + a_v))
-    decoder = (batch * target_len * (projections + 2 * (d * a_k + a_v * d) + feed_forward)
-               + batch * source_len * 2 * (d * a_k + d * a_v)
-               + batch * 2 * (target_len * target_len + target_len * source_len) * (a_k + a_v))
-    output = batch * target_len * 2 * d * vocab
-    return config.num_layers * (encoder + decoder) + output
-
-
-def update_flops(config, batch: int, source_len: int, target_len: int) -> int:
-    """Forward + backward (2x forward) matmul FLOPs of one update on one batch."""
-    return 3 * forward_flops(config, batch, source_len, target_len)
 
 
 # ---------------------------------------------------------------- data
@@ -338,8 +258,8 @@ def main(argv=None):
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0]] + sys.argv[1:])
     load_before = os.getloadavg()
 
-    peaks = {"float32": [matmul_peak(tf.float32, args.peak_runs)],
-             "bfloat16": [matmul_peak(tf.bfloat16, args.peak_runs)]}
+    peaks = {"float32": [tf_matmul_peak(tf.float32, args.peak_runs)],
+             "bfloat16": [tf_matmul_peak(tf.bfloat16, args.peak_runs)]}
 
     data_dir = Path(args.data)
     source = sources.select(
@@ -363,21 +283,19 @@ def main(argv=None):
             matmul_dtype = PEAK_DTYPES.get(precision)
             peak = None
             if matmul_dtype is not None:
-                peak = matmul_peak(matmul_dtype, args.peak_runs)
+                peak = tf_matmul_peak(matmul_dtype, args.peak_runs)
                 peaks[matmul_dtype.name].append(peak)
             results.append(run_precision(precision, jit_compile, data, model_config, args,
                                          peak))
     load_after = os.getloadavg()
 
-    model, flags = cpu_info()
     params = keras_transformer.Transformer(model_config)
     params.build()
     shapes = collections.Counter()
     for result in results:
         shapes.update(result.shapes)
     header = [
-        ("machine", f"{os.cpu_count()} cores, {model}, flags: {' '.join(flags) or 'none'}, "
-                    f"no GPU; load average {load_before[0]:.1f} before, "
+        ("machine", f"{machine.describe()}; load average {load_before[0]:.1f} before, "
                     f"{load_after[0]:.1f} after"),
         ("versions", f"Python {platform.python_version()}, TensorFlow {tf.__version__}, "
                      f"Keras {keras.__version__}, TF_ENABLE_ONEDNN_OPTS="

@@ -1,0 +1,111 @@
+"""What every benchmark reports about the machine: CPU, matmul peak, model FLOPs.
+
+Shared by the scripts in bench/ (each adds this directory to sys.path when run as
+`python bench/<name>.py`). Not part of the package.
+
+Model FLOPs (the convention of PaLM, appendix B: matmuls only, counted on padded
+positions because the step computes them). A batch is B pairs padded to S source and
+T target positions; d = d_model, f = d_ff, a = heads * d_k (= heads * d_v here),
+V = vocabulary, N = layers:
+
+    encoder layer:  B*S * (2*4*d*a + 2*2*d*f)          Q, K, V, O projections, FFN
+                    + B * 2*2*S*S*a                    Q K^T and weights . V
+    decoder layer:  B*T * (2*4*d*a + 2*2*d*a + 2*2*d*f) self Q K V O, cross Q O, FFN
+                    + B*S * 2*2*d*a                    cross K, V of the encoder output
+                    + B * (2*2*T*T*a + 2*2*T*S*a)      self- and cross-attention
+    output:         B*T * 2*d*V                        pre-softmax projection
+    forward = N * (encoder layer + decoder layer) + output;   update = 3 * forward
+
+(the backward pass costs two forward matmuls per matmul). The causal mask does not
+halve the self-attention count: the step computes the masked half too.
+"""
+
+import os
+import platform
+import time
+from pathlib import Path
+from typing import List, Tuple
+
+import tensorflow as tf
+
+MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+MATMUL_SIZE = 2048
+MATMUL_CHAIN = 4  # matmuls per timed call, so dispatch does not count
+_FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "avx_vnni", "avx512_vnni",
+          "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_info() -> Tuple[str, List[str]]:
+    """(model name, the bfloat16 / AMX / VNNI flags present) from /proc/cpuinfo."""
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return model, [flag for flag in _FLAGS if flag in flags]
+
+
+def describe() -> str:
+    """One line: cores, CPU model, the flags that matter for bfloat16, memory."""
+    model, flags = cpu_info()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    return (f"{os.cpu_count()} cores, {model}, flags: {' '.join(flags) or 'none'}, "
+            f"no GPU, {memory:.0f} GiB")
+
+
+def seconds(fn) -> float:
+    """Wall time of one call of fn()."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def tf_matmul_peak(dtype, runs: int) -> float:
+    """Best GFLOP/s of MATMUL_CHAIN chained n x n x n matmuls in a tf.function.
+
+    bfloat16 inputs and output, as Keras' mixed_bfloat16 Dense layers run them.
+    """
+    n = MATMUL_SIZE
+    # x W with W ~ N(0, 1/n) keeps x at unit scale, so the chain never overflows.
+    x = tf.cast(tf.random.normal([n, n], seed=1), dtype)
+    w = tf.cast(tf.random.normal([n, n], stddev=n ** -0.5, seed=2), dtype)
+
+    @tf.function
+    def chain(x, w):
+        for _ in range(MATMUL_CHAIN):
+            x = tf.matmul(x, w)
+        return x[0, 0]
+
+    chain(x, w).numpy()  # trace
+    best = min(seconds(lambda: chain(x, w).numpy()) for _ in range(runs))
+    return MATMUL_CHAIN * 2 * n ** 3 / best / 1e9
+
+
+def forward_flops(config, batch: int, source_len: int, target_len: int) -> int:
+    """Matmul FLOPs of one forward pass over a padded batch (module docstring).
+
+    Args:
+      config: a keras_transformer.TransformerConfig.
+      batch, source_len, target_len: the padded batch shape [B, S] -> [B, T].
+    """
+    d, f, vocab = config.d_model, config.d_ff, config.vocab_size
+    a_k, a_v = config.num_heads * config.d_k, config.num_heads * config.d_v
+    projections = 2 * (2 * d * a_k + 2 * d * a_v)  # Q and K to a_k, V to a_v, O back to d
+    feed_forward = 2 * 2 * d * f
+    encoder = (batch * source_len * (projections + feed_forward)
+               + batch * 2 * source_len * source_len * (a_k + a_v))
+    decoder = (batch * target_len * (projections + 2 * (d * a_k + a_v * d) + feed_forward)
+               + batch * source_len * 2 * (d * a_k + d * a_v)
+               + batch * 2 * (target_len * target_len + target_len * source_len) * (a_k + a_v))
+    output = batch * target_len * 2 * d * vocab
+    return config.num_layers * (encoder + decoder) + output
+
+
+def update_flops(config, batch: int, source_len: int, target_len: int) -> int:
+    """Forward + backward (2x forward) matmul FLOPs of one update on one batch."""
+    return 3 * forward_flops(config, batch, source_len, target_len)
