@@ -8,7 +8,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 
 FLAGS = flags.FLAGS
 
@@ -142,7 +142,6 @@ def main(argv):
     strategy = distribute.make_strategy(FLAGS.num_cpu_replicas)
 
     import keras
-    import tensorflow as tf
     from trainer import evaluation, input_pipeline, model_dir as model_dir_lib
     from trainer import sources, train
 

@@ -244,7 +244,7 @@ class Trainer:
         progress = keras.utils.Progbar(run.train_steps, stateful_metrics=[
             "loss", "lr", "tok/s"], verbose=1 if self.chief else 0, interval=1.0)
         progress.update(step)
-        metrics, last_time, last_step, tokens_since = {}, time.time(), step, 0.0
+        metrics, last_time, tokens_since = {}, time.time(), 0.0
         deadline = time.time() + 60 * run.max_train_minutes if run.max_train_minutes else None
         while step < run.train_steps:
             for _ in range(run.accum_steps):
@@ -265,7 +265,7 @@ class Trainer:
                             tf.summary.scalar(name, value)
                 progress.update(step, [("loss", stats["loss"]), ("lr", stats["learning_rate"]),
                                        ("tok/s", stats["tokens_per_second"])])
-                last_time, last_step, tokens_since = time.time(), step, 0.0
+                last_time, tokens_since = time.time(), 0.0
             out_of_time = deadline is not None and time.time() > deadline
             if out_of_time:
                 log(f"\ntime budget of {run.max_train_minutes:g} minutes spent at step {step}")
