@@ -42,6 +42,7 @@ from trainer.translator import translate_texts
 import machine
 from machine import MULTI30K
 
+
 def timed_translation(translate, texts, batch_size):
     """(translations, seconds) after one warm-up batch (tracing, thread pools)."""
     translate_texts(translate, texts[:batch_size], batch_size)

@@ -37,6 +37,7 @@ from trainer import input_pipeline, sources
 import machine
 from machine import MULTI30K
 
+
 def real_tokens(batch) -> int:
     """Non-pad source + target positions of a batch (target counted once, as outputs)."""
     (source_ids, _), target_output_ids = batch

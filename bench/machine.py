@@ -1,7 +1,7 @@
 """What every benchmark reports about the machine: CPU, matmul peak, model FLOPs.
 
-Shared by the scripts in bench/ (each adds this directory to sys.path when run as
-`python bench/<name>.py`). Not part of the package.
+Shared by the scripts in bench/ (`python bench/<name>.py` puts bench/ on sys.path, so they
+`import machine`). Not part of the package.
 
 Model FLOPs (the convention of PaLM, appendix B: matmuls only, counted on padded
 positions because the step computes them). A batch is B pairs padded to S source and
