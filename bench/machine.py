@@ -22,6 +22,7 @@ halve the self-attention count: the step computes the masked half too.
 
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 from typing import List, Tuple
@@ -63,6 +64,13 @@ def seconds(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def median_seconds(fn, reps: int) -> float:
+    """Median wall time of `reps` calls of fn() after one untimed call (TF eager on the CPU
+    returns when the work is done)."""
+    fn()
+    return statistics.median(seconds(fn) for _ in range(reps))
 
 
 def tf_matmul_peak(dtype, runs: int) -> float:

@@ -77,7 +77,8 @@ from keras_transformer.losses import label_smoothed_cross_entropy
 from trainer import distribute, input_pipeline, sources, train
 
 import machine
-from machine import MATMUL_CHAIN, MATMUL_SIZE, MULTI30K, seconds, tf_matmul_peak, update_flops
+from machine import (MATMUL_CHAIN, MATMUL_SIZE, MULTI30K, median_seconds, seconds,
+                     tf_matmul_peak, update_flops)
 
 IMPLEMENTATIONS = ("ours", "keras-hub", "torch")
 
@@ -456,11 +457,6 @@ def timed_update(impl, batch: Batch, row: Row, config) -> float:
     return loss
 
 
-def median_ms(fn, reps: int) -> float:
-    fn()
-    return 1000 * statistics.median(seconds(fn) for _ in range(reps))
-
-
 def build_pool(args):
     data_dir = Path(args.data)
     source = sources.select(
@@ -555,7 +551,7 @@ def main(argv=None):
             loads.append(os.getloadavg())
             if args.breakdown_reps:
                 for impl, row in zip(impls, table):
-                    row.pieces = {piece: median_ms(fn, args.breakdown_reps)
+                    row.pieces = {piece: 1000 * median_seconds(fn, args.breakdown_reps)
                                   for piece, fn in impl.pieces(probe).items()}
             rows.extend(table)
             del impls

@@ -52,7 +52,8 @@ from trainer import distribute, input_pipeline, sources, train
 from trainer import tokenizer as tokenizer_lib
 
 import machine
-from machine import MATMUL_CHAIN, MATMUL_SIZE, MULTI30K, tf_matmul_peak, update_flops
+from machine import (MATMUL_CHAIN, MATMUL_SIZE, MULTI30K, median_seconds, tf_matmul_peak,
+                     update_flops)
 
 # The matmul dtype a precision's Dense layers run in. No MFU for mixed_float16: a CPU has
 # no float16 matmul units, so there is no peak to hold it against.
@@ -147,18 +148,6 @@ def time_updates(trainer: train.Trainer, steps: int) -> List[Update]:
         updates.append(Update(time.perf_counter() - start, time.process_time() - cpu_start,
                               loss, float(stats["source_tokens"] + stats["target_tokens"])))
     return updates
-
-
-def median_seconds(fn, reps: int) -> float:
-    """Median seconds of `reps` calls of fn after one untimed call (TF eager on the CPU
-    returns when the work is done)."""
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def breakdown(trainer: train.Trainer, data, shape, reps: int) -> dict:
