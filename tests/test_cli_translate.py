@@ -31,7 +31,6 @@ def test_translate_cli_gives_one_line_per_input_line_as_the_signature_does(expor
 
 def test_evaluate_cli_prints_sacrebleu_and_chrf_with_signatures_of_its_translations(
         exported, tmp_path):
-    pytest.importorskip("sacremoses")
     from trainer import builtin_corpus
     numbers = [7 + 389 * i for i in range(6)]
     (tmp_path / "src.txt").write_text("".join(builtin_corpus.english(n) + "\n"
@@ -58,7 +57,6 @@ def test_evaluate_cli_prints_sacrebleu_and_chrf_with_signatures_of_its_translati
 
 @pytest.mark.skipif(not (MULTI30K / "tok").is_dir(), reason="needs ../shared/data/multi30k")
 def test_tokenized_bleu_tokenizes_output_exactly_as_the_official_multi30k_files():
-    pytest.importorskip("sacremoses")
     from trainer.evaluate import moses_tokenized, read_text, scores
     raw = read_text(MULTI30K / "test2016.de")
     assert moses_tokenized(raw, "de") == read_text(MULTI30K / "tok" / "test2016.lc.norm.tok.de")

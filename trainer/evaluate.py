@@ -74,11 +74,6 @@ def main(argv):
         tokenized = read_text(FLAGS.tok_ref) if FLAGS.tok_ref else None
     except OSError as e:
         _fail(str(e))
-    if tokenized is not None:
-        try:
-            import sacremoses  # noqa: F401
-        except ImportError:
-            _fail("--tok_ref needs the sacremoses package: pip install sacremoses")
     for name, lines in (("ref", references), ("tok_ref", tokenized)):
         if lines is not None and len(lines) != len(sources):
             _fail(f"--{name} has {len(lines)} lines but --src has {len(sources)}")

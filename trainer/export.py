@@ -70,11 +70,10 @@ def build_translator(model_dir: str, beam_size: int = 4, alpha: float = 0.6,
                      average_last: int = 0):
     """(Translator of the float32 model of model_dir, checkpoint prefixes it comes from):
     the latest checkpoint, or the mean of the last `average_last` ones."""
-    from trainer import model_dir as model_dir_lib, tokenizer
+    from trainer import average, model_dir as model_dir_lib, tokenizer
     from trainer.translator import Translator
 
     if average_last:
-        from trainer import average  # only here: it defines flags when imported
         model, paths = average.average_checkpoints(model_dir, average_last)
     else:
         paths = model_dir_lib.checkpoints(model_dir)[-1:]

@@ -189,9 +189,9 @@ class Translator(tf.Module):
                                              training=False, return_attention_scores=True)
         translations = self.target_tokenizer.detokenize(output_ids)
         return {"translations": tf.where(has_input, translations, ""),
-                "source_pieces": _pieces(self.source_tokenizer, source_ids),
+                "source_pieces": self.source_tokenizer.id_to_piece(source_ids),
                 "source_lengths": tf.reduce_sum(tf.cast(source_ids != PAD_ID, tf.int32), 1),
-                "output_pieces": _pieces(self.target_tokenizer, output_ids),
+                "output_pieces": self.target_tokenizer.id_to_piece(output_ids),
                 "output_lengths": output_lengths,
                 "encoder_self_attention": tf.stack(encoder_weights, axis=1),
                 "encoder_decoder_attention": tf.stack(cross_weights, axis=1)}
@@ -200,11 +200,6 @@ class Translator(tf.Module):
 def _valid_utf8(strings):
     """tf.string [batch] with invalid UTF-8 sequences replaced by U+FFFD."""
     return tf.strings.unicode_transcode(strings, "UTF-8", "UTF-8", errors="replace")
-
-
-def _pieces(tokenizer, ids):
-    """int [batch, length] -> tf.string [batch, length], the subword of each id."""
-    return tokenizer.id_to_piece(ids)
 
 
 def translate_texts(translate: Callable[[tf.Tensor], Dict[str, tf.Tensor]],
