@@ -36,8 +36,8 @@ import tensorflow as tf
 import tensorflow_text
 
 from keras_transformer import BOS_ID
-from trainer import export
-from trainer.translator import translate_texts
+from trainer.serving import saved_model
+from trainer.serving.client import translate_texts
 
 import machine
 from machine import MULTI30K
@@ -115,7 +115,7 @@ def main(argv=None):
         texts = f.read().splitlines()
     if args.sentences:
         texts = texts[:args.sentences]
-    version_dir = export.resolve(args.saved_model)
+    version_dir = saved_model.resolve(args.saved_model)
     loaded = tf.saved_model.load(version_dir)
     vocabulary = os.path.join(version_dir, "assets", "spm.model")
     if not os.path.exists(vocabulary):
@@ -136,7 +136,7 @@ def main(argv=None):
         rows.append(("SavedModel serving_default, beam 4", len(subset), seconds,
                      target_tokens(processor, out)))
         for use_cache in (True, False):
-            translator, _ = export.build_translator(args.model_dir)
+            translator, _ = saved_model.build_translator(args.model_dir)
             translator.use_cache = use_cache
             out, seconds = timed_translation(translator.translate, subset, args.batch_size)
             label = "in-process, cached" if use_cache else "in-process, uncached"

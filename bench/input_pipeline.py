@@ -4,7 +4,7 @@ Measures, in one run on the same batches (Multi30k en->de train, shared
 SentencePiece vocabulary at the default size, batch_tokens per replica):
 
   1. the pipeline alone: non-pad source + target tokens per second that
-     `trainer.input_pipeline.train_dataset` delivers (text -> ids -> batches);
+     `trainer.data.input_pipeline.train_dataset` delivers (text -> ids -> batches);
   2. the training step alone: tokens per second the `small` Transformer consumes
      with Adam and masked cross-entropy, on batches already in memory;
   3. both together: the step fed by the pipeline, as in training.
@@ -32,7 +32,7 @@ import tensorflow as tf
 import tensorflow_text
 
 import keras_transformer
-from trainer import input_pipeline, sources
+from trainer.data import input_pipeline, sources
 
 import machine
 from machine import MULTI30K
@@ -114,14 +114,13 @@ def main(argv=None):
     load_before = os.getloadavg()[0]  # other processes share the cores
     data_dir = Path(args.data)
     start = time.perf_counter()
-    source = sources.select(
-        train_files=(str(data_dir / "train.en.gz"), str(data_dir / "train.de.gz")),
-        eval_files=(str(data_dir / "val.en"), str(data_dir / "val.de")))
+    data_config = machine.multi30k_data(data_dir, max_len=args.max_len,
+                                        batch_tokens=args.batch_tokens)
+    source = sources.select(data_config)
     check_seconds = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as model_dir:
         start = time.perf_counter()
-        data = input_pipeline.build(source, model_dir, input_pipeline.PipelineConfig(
-            max_len=args.max_len, batch_tokens=args.batch_tokens, seed=0))
+        data = input_pipeline.build(source, model_dir, data_config)
         build_seconds = time.perf_counter() - start
     vocab_size = data.tokenizers.target.vocab_size
 

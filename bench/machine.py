@@ -30,6 +30,16 @@ from typing import List, Tuple
 import tensorflow as tf
 
 MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k"
+
+
+def multi30k_data(data_dir=MULTI30K, **fields):
+    """The trainer's DataConfig for Multi30k train/val in `data_dir`, with `fields`."""
+    from trainer.config import DataConfig
+    data_dir = Path(data_dir)
+    return DataConfig(train_src=str(data_dir / "train.en.gz"),
+                      train_tgt=str(data_dir / "train.de.gz"),
+                      eval_src=str(data_dir / "val.en"), eval_tgt=str(data_dir / "val.de"),
+                      **fields)
 MATMUL_SIZE = 2048
 MATMUL_CHAIN = 4  # matmuls per timed call, so dispatch does not count
 _FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "avx_vnni", "avx512_vnni",

@@ -10,7 +10,7 @@ weights (float32, beam 4):
   ours, SavedModel text    its serving_default signature on the same sentences (text in,
                            text out: tokenization and detokenization included);
   ours, in-process cached  keras_transformer.beam_search(use_cache=True) in a tf.function on
-                           the model restored by trainer.model_dir.restore_model;
+                           the model restored by trainer.training.model_dir.restore_model;
   ours, uncached           the same with use_cache=False: every step reruns the decoder over
                            the whole prefix;
   keras-hub BeamSampler    keras_hub.samplers.BeamSampler(num_beams=4) driving a next-token
@@ -24,7 +24,7 @@ weights (float32, beam 4):
                            generate() on TensorFlow; --no-jit_compile skips it).
 
 Same maximum output length for all: (padded source width + 50) tokens, capped at
-config.max_length - 1 (section 6.1, as keras_transformer.beam_search sets it). The searches
+config.max_length - 1 (section 6.1, as keras_transformer.decoding sets it). The searches
 differ, so they run different numbers of steps: ours keeps finished hypotheses aside and
 stops once no live beam can beat them (or at each sentence's source length + 50);
 BeamSampler has no length penalty and no finished set (a beam that emitted EOS goes on
@@ -77,8 +77,10 @@ import tensorflow_text  # noqa: F401  (the SavedModel's SentencePiece ops)
 from keras import ops
 
 from keras_transformer import BOS_ID, EOS_ID, beam_search
-from trainer import export, model_dir as model_dir_lib, tokenizer as tokenizer_lib
-from trainer.translator import Translator
+from trainer.data import tokenizer as tokenizer_lib
+from trainer.serving import saved_model
+from trainer.serving.signatures import Translator
+from trainer.training import model_dir as model_dir_lib
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import machine  # noqa: E402
@@ -270,7 +272,7 @@ def main(argv=None):
         chunk = [texts[i] for i in order[start:start + args.batch_size]]
         batches.append((chunk, translator.source_ids(tf.constant(chunk))))
 
-    saved_path = export.resolve(args.saved_model)
+    saved_path = saved_model.resolve(args.saved_model)
     loaded = tf.saved_model.load(saved_path)
     translate_ids = loaded.signatures["translate_ids"]
     serving = loaded.signatures["serving_default"]

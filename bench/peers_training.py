@@ -3,7 +3,7 @@
 In one process, on the same Multi30k batches, the same architecture and the same precision:
 
   ours       keras_transformer.Transformer(TransformerConfig.small(V)) trained by
-             trainer.train.Trainer exactly as in training (accumulate + apply under
+             trainer.training.trainer.Trainer exactly as in training (accumulate + apply under
              MirroredStrategy, label-smoothed loss, Adam on the warm-up schedule);
   keras-hub  a keras.Model of keras_hub.layers.TransformerEncoder / TransformerDecoder,
              ReversibleEmbedding (tied) and SinePositionEncoding, one tf.function step
@@ -74,7 +74,10 @@ from torch import nn
 
 import keras_transformer
 from keras_transformer.losses import label_smoothed_cross_entropy
-from trainer import distribute, input_pipeline, sources, train
+from trainer.config import RunConfig
+from trainer.data import input_pipeline, sources
+from trainer.training import distribute
+from trainer.training.run import build_trainer
 
 import machine
 from machine import (MATMUL_CHAIN, MATMUL_SIZE, MULTI30K, median_seconds, seconds,
@@ -154,34 +157,34 @@ class PoolData(input_pipeline.Data):
 
 
 class Ours:
-    """trainer.train.Trainer on the pool: one update = accumulate + apply, as in training."""
+    """trainer.training.trainer.Trainer on the pool: one update = accumulate + apply, as in training."""
 
     name = "ours"
 
     def __init__(self, config, precision, data, schedule_warmup, model_dir):
         keras.utils.set_random_seed(0)
-        run = train.RunConfig(model_dir=model_dir, train_steps=10 ** 6, precision=precision,
-                              warmup_steps=schedule_warmup)
-        self.trainer = train.Trainer(config, run, data, distribute.make_strategy(0))
+        run = RunConfig(model_dir=model_dir, train_steps=10 ** 6, precision=precision,
+                        warmup_steps=schedule_warmup)
+        self.trainer = build_trainer(config, data, run, distribute.make_strategy(0))
         self.trainer.restore()
         self.params = self.trainer.model.count_params()
 
     def update(self) -> float:
         self.trainer.accumulate(self.trainer.iterator)
-        return float(self.trainer.apply()["loss"])
+        return float(self.trainer.apply().loss)
 
     def pieces(self, batch: Batch):
         t = self.trainer
         source, target_in, target_out = (tf.constant(x) for x in dataclasses.astuple(batch))
-        cached = iter(input_pipeline.distribute(t.strategy, lambda _: tf.data.Dataset.from_tensors(
-            ((source, target_in), target_out)).repeat()))
+        cached = iter(t.strategy.distribute_datasets_from_function(
+            lambda _: tf.data.Dataset.from_tensors(((source, target_in), target_out)).repeat()))
         forward = tf.function(lambda s, t_in: t.model((s, t_in), training=True))
         return {
             "forward": lambda: forward(source, target_in).numpy(),
             "forward + backward": lambda: [g.numpy() for g in t.gradients(
                 source, target_in, target_out)[0][:1]],
-            "optimizer": lambda: t.apply()["loss"].numpy(),
-            "update": lambda: (t.accumulate(cached), t.apply()["loss"].numpy()),
+            "optimizer": lambda: t.apply().loss.numpy(),
+            "update": lambda: (t.accumulate(cached), t.apply().loss.numpy()),
         }
 
 
@@ -459,14 +462,10 @@ def timed_update(impl, batch: Batch, row: Row, config) -> float:
 
 def build_pool(args):
     data_dir = Path(args.data)
-    source = sources.select(
-        train_files=(str(data_dir / "train.en.gz"), str(data_dir / "train.de.gz")),
-        eval_files=(str(data_dir / "val.en"), str(data_dir / "val.de")))
-    config = input_pipeline.PipelineConfig(max_len=args.max_len, batch_tokens=args.batch_tokens,
-                                           seed=0)
+    config = machine.multi30k_data(data_dir, vocab_size=args.vocab_size, max_len=args.max_len,
+                                   batch_tokens=args.batch_tokens)
     with tempfile.TemporaryDirectory() as scratch:
-        data = input_pipeline.build(source, args.vocab_dir or scratch, config,
-                                    vocab_size=args.vocab_size)
+        data = input_pipeline.build(sources.select(config), args.vocab_dir or scratch, config)
         pool = []
         for (source_ids, target_input_ids), target_output_ids in data.train_dataset().take(
                 args.pool):

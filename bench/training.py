@@ -6,7 +6,7 @@ In one process, on this machine:
      tf.function, in float32 and in bfloat16 (bfloat16 inputs and output, as
      Keras' mixed_bfloat16 Dense layers run them), at the start and again just
      before each row, against which that row's MFU is taken;
-  2. for each precision (and, with --jit_compile, with XLA): a `trainer.train.Trainer`
+  2. for each precision (and, with --jit_compile, with XLA): a `trainer.training.trainer.Trainer`
      on the recipe of trainer/flagfiles/multi30k.cfg (`small` model, shared 8000-piece
      vocabulary, max_len 64, 4096 padded tokens per batch, Adam on the warm-up
      schedule, label-smoothed loss), fed by the real input pipeline; --warmup_steps
@@ -48,8 +48,12 @@ import numpy as np
 import tensorflow as tf
 
 import keras_transformer
-from trainer import distribute, input_pipeline, sources, train
-from trainer import tokenizer as tokenizer_lib
+from trainer.config import PRECISIONS, RunConfig
+from trainer.data import input_pipeline, sources
+from trainer.data import tokenizer as tokenizer_lib
+from trainer.training import distribute
+from trainer.training.run import build_trainer
+from trainer.training.trainer import Trainer
 
 import machine
 from machine import (MATMUL_CHAIN, MATMUL_SIZE, MULTI30K, median_seconds, tf_matmul_peak,
@@ -137,30 +141,32 @@ class Update(NamedTuple):
     tokens: float  # non-pad source + target, by the trainer's own count
 
 
-def time_updates(trainer: train.Trainer, steps: int) -> List[Update]:
+def time_updates(trainer: Trainer, steps: int) -> List[Update]:
     """`steps` updates, each read back like Trainer.train does (so none overlaps the next)."""
     updates = []
     for _ in range(steps):
         start, cpu_start = time.perf_counter(), time.process_time()
         trainer.accumulate(trainer.iterator)
         stats = trainer.apply()
-        loss = float(stats["loss"])
+        loss = float(stats.loss)
         updates.append(Update(time.perf_counter() - start, time.process_time() - cpu_start,
                               loss, float(stats["source_tokens"] + stats["target_tokens"])))
     return updates
 
 
-def breakdown(trainer: train.Trainer, data, shape, reps: int) -> dict:
+def breakdown(trainer: Trainer, data, shape, reps: int) -> dict:
     """Median milliseconds of the pieces of one update on one cached batch of `shape`."""
     for batch in data.train_dataset():  # the first batch of the wanted shape
         if tuple(batch[1].shape) == shape:
             break
     (source_ids, target_input_ids), target_output_ids = batch
-    cached = iter(input_pipeline.distribute(
-        trainer.strategy, lambda context: tf.data.Dataset.from_tensors(batch).repeat()))
+    cached = iter(trainer.strategy.distribute_datasets_from_function(
+        lambda context: tf.data.Dataset.from_tensors(batch).repeat()))
+    forward = tf.function(lambda source_ids, target_input_ids: trainer.model(
+        (source_ids, target_input_ids), training=False))
     ms = {
         "forward (inference)": median_seconds(
-            lambda: trainer.forward(source_ids, target_input_ids), reps),
+            lambda: forward(source_ids, target_input_ids), reps),
         "forward + backward": median_seconds(
             lambda: trainer.gradients(source_ids, target_input_ids, target_output_ids), reps),
         "accumulate (+ sum into accumulators)": median_seconds(
@@ -179,10 +185,10 @@ def run_precision(precision: str, jit_compile: bool, data, model_config, args, p
     data = dataclasses.replace(data, tokenizers=tokenizer_lib.Tokenizers(tokenizer, tokenizer),
                                records=[])
     with tempfile.TemporaryDirectory() as model_dir:
-        run = train.RunConfig(model_dir=model_dir, train_steps=args.warmup_steps + args.steps,
-                              precision=precision, jit_compile=jit_compile,
-                              warmup_steps=args.schedule_warmup_steps)
-        trainer = train.Trainer(model_config, run, data, distribute.make_strategy(0))
+        run = RunConfig(model_dir=model_dir, train_steps=args.warmup_steps + args.steps,
+                        precision=precision, jit_compile=jit_compile,
+                        warmup_steps=args.schedule_warmup_steps)
+        trainer = build_trainer(model_config, data, run, distribute.make_strategy(0))
         trainer.restore()
         warmup = time_updates(trainer, args.warmup_steps)
         timed = time_updates(trainer, args.steps)
@@ -225,7 +231,7 @@ def main(argv=None):
     parser.add_argument("--warmup_steps", type=int, default=10,
                         help="untimed updates before them (tracing, first shapes)")
     parser.add_argument("--precisions", default="float32,mixed_bfloat16",
-                        help=f"comma-separated, of {', '.join(train.PRECISIONS)}")
+                        help=f"comma-separated, of {', '.join(PRECISIONS)}")
     parser.add_argument("--jit_compile", choices=("false", "true", "both"), default="false",
                         help="XLA-compile forward and backward; both: a row each way")
     parser.add_argument("--batch_tokens", type=int, default=4096)
@@ -239,7 +245,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
     for precision in precisions:
-        if precision not in train.PRECISIONS:
+        if precision not in PRECISIONS:
             parser.error(f"unknown precision {precision!r}")
     if args.steps < 1 or args.warmup_steps < 1:
         parser.error("--steps and --warmup_steps must be at least 1")
@@ -251,13 +257,10 @@ def main(argv=None):
              "bfloat16": [tf_matmul_peak(tf.bfloat16, args.peak_runs)]}
 
     data_dir = Path(args.data)
-    source = sources.select(
-        train_files=(str(data_dir / "train.en.gz"), str(data_dir / "train.de.gz")),
-        eval_files=(str(data_dir / "val.en"), str(data_dir / "val.de")))
+    data_config = machine.multi30k_data(data_dir, vocab_size=args.vocab_size,
+                                        max_len=args.max_len, batch_tokens=args.batch_tokens)
     with tempfile.TemporaryDirectory() as vocab_dir:
-        built = input_pipeline.build(source, vocab_dir, input_pipeline.PipelineConfig(
-            max_len=args.max_len, batch_tokens=args.batch_tokens, seed=0),
-            vocab_size=args.vocab_size)
+        built = input_pipeline.build(sources.select(data_config), vocab_dir, data_config)
     data = RecordingData(**{f.name: getattr(built, f.name)
                             for f in dataclasses.fields(input_pipeline.Data)})
     model_config = keras_transformer.TransformerConfig.small(

@@ -6,10 +6,11 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_transformer.masking import large_negative
+from keras_transformer.masking import MASKED_LOGIT
 
 
-def scaled_dot_product_attention(query, key, value, mask=None, dropout=None, training=None):
+def scaled_dot_product_attention(query, key, value, mask=None, dropout_layer=None,
+                                 training=None):
     """softmax(Q K^T / sqrt(d_k)) V, section 3.2.1, with the softmax in float32.
 
     Args:
@@ -17,7 +18,7 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout=None, tra
       key: [batch, heads, k_len, d_k].
       value: [batch, heads, k_len, d_v].
       mask: bool, broadcastable to [batch, heads, q_len, k_len]; True may attend.
-      dropout: optional keras Dropout layer applied to the attention weights.
+      dropout_layer: optional keras Dropout layer applied to the attention weights.
     Returns:
       (output [batch, heads, q_len, d_v], weights float32 [batch, heads, q_len, k_len]).
     """
@@ -26,12 +27,12 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout=None, tra
     # float16 logits can overflow and bfloat16 ones are coarse: normalise in float32.
     logits = ops.cast(ops.einsum("bhqd,bhkd->bhqk", query, key), "float32")
     if mask is not None:
-        logits = ops.where(mask, logits, large_negative("float32"))
+        logits = ops.where(mask, logits, MASKED_LOGIT)
     # tf.nn.softmax: keras.ops warns on the legitimate one-key case (a 1-token source).
     weights = tf.nn.softmax(logits, axis=-1)  # [batch, heads, q_len, k_len]
     attended = ops.cast(weights, value.dtype)
-    if dropout is not None:
-        attended = dropout(attended, training=training)
+    if dropout_layer is not None:
+        attended = dropout_layer(attended, training=training)
     return ops.einsum("bhqk,bhkd->bhqd", attended, value), weights
 
 
@@ -45,11 +46,12 @@ class MultiHeadAttention(keras.layers.Layer):
     Keys are computed from `value`, as in the paper's encoder-decoder attention.
 
     Args:
-      num_heads: h.
+      num_heads: h, 8 in the base model.
       d_model: width of the queries, values and the output.
-      key_dim: d_k per head (default d_model / h).
-      value_dim: d_v per head (default d_model / h).
-      dropout: dropout rate on the attention weights.
+      key_dim: d_k per head. Defaults to None, d_model / h.
+      value_dim: d_v per head. Defaults to None, d_model / h.
+      dropout: the dropout rate on the attention weights (not in the paper). Defaults
+        to 0.0.
 
     Call:
       query [batch, q_len, d_model], value [batch, k_len, d_model],
@@ -61,8 +63,13 @@ class MultiHeadAttention(keras.layers.Layer):
     step, then `attend` with a (cached) key/value pair.
 
     Example:
-      >>> mha = MultiHeadAttention(num_heads=8, d_model=512)
-      >>> out = mha(x, x, attention_mask=causal_mask(length))
+
+    >>> import keras
+    >>> from keras_transformer import MultiHeadAttention, causal_mask
+    >>> mha = MultiHeadAttention(num_heads=8, d_model=512)
+    >>> x = keras.random.normal((2, 10, 512))
+    >>> tuple(mha(x, x, attention_mask=causal_mask(10)).shape)
+    (2, 10, 512)
     """
 
     def __init__(self, num_heads, d_model, key_dim=None, value_dim=None, dropout=0.0,
@@ -80,7 +87,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.key_dense = keras.layers.Dense(num_heads * self.key_dim, name="key", **dense)
         self.value_dense = keras.layers.Dense(num_heads * self.value_dim, name="value", **dense)
         self.output_dense = keras.layers.Dense(d_model, name="output", **dense)
-        self.attention_dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 
     def build(self, query_shape, value_shape=None):
         value_shape = query_shape if value_shape is None else value_shape
@@ -109,7 +116,7 @@ class MultiHeadAttention(keras.layers.Layer):
         key, value = key_value
         heads, weights = scaled_dot_product_attention(
             self._split_heads(self.query_dense(query), self.key_dim), key, value,
-            mask=attention_mask, dropout=self.attention_dropout, training=training)
+            mask=attention_mask, dropout_layer=self.dropout_layer, training=training)
         batch, q_len = ops.shape(query)[0], ops.shape(query)[1]
         # [batch, heads, q_len, d_v] -> [batch, q_len, heads * d_v]
         heads = ops.reshape(ops.transpose(heads, (0, 2, 1, 3)),

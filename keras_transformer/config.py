@@ -113,14 +113,23 @@ class TransformerConfig:
                                 max_length=128), vocab_size, overrides)
 
     @classmethod
-    def preset(cls, name: str, vocab_size: int, **overrides) -> "TransformerConfig":
-        """The preset called `name` ("tiny", "small", "base" or "big")."""
+    def preset(cls, name: str, vocab_size: Optional[int] = None,
+               **overrides) -> "TransformerConfig":
+        """The preset called `name` ("tiny", "small", "base" or "big"); vocab_size None
+        keeps the preset's own."""
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-        return getattr(cls, name)(vocab_size=vocab_size, **overrides)
+        if vocab_size is not None:
+            overrides["vocab_size"] = vocab_size
+        return getattr(cls, name)(**overrides)
 
     def to_dict(self) -> dict:
+        """The fields as a JSON-ready dict; `from_dict` reads it back."""
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "TransformerConfig":
+        return cls(**fields)
 
 
 PRESETS = ("tiny", "small", "base", "big")

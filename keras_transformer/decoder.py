@@ -14,15 +14,25 @@ from keras_transformer.stack import LayerStack
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class DecoderLayer(keras.layers.Layer):
     """Masked self-attention, encoder-decoder attention and a feed-forward network,
-    each wrapped in a residual connection with layer normalisation.
+    each wrapped in a residual connection with layer normalisation (section 3.1).
 
-    Args: as EncoderLayer.
+    Args: as EncoderLayer (d_model, num_heads, d_ff, key_dim, value_dim, dropout,
+      attention_dropout, pre_norm).
 
     Call: x [batch, tgt_len, d_model], encoder_output [batch, src_len, d_model],
       self_attention_mask bool [1, 1, tgt_len, tgt_len] (causal),
       cross_attention_mask bool [batch, 1, 1, src_len] (source padding)
       -> [batch, tgt_len, d_model] (plus encoder-decoder attention weights
       [batch, heads, tgt_len, src_len] with return_attention_scores=True).
+
+    Example:
+
+    >>> import keras
+    >>> from keras_transformer import DecoderLayer, causal_mask
+    >>> layer = DecoderLayer(d_model=64, num_heads=4, d_ff=256)
+    >>> x, encoder_output = keras.random.normal((2, 5, 64)), keras.random.normal((2, 9, 64))
+    >>> tuple(layer(x, encoder_output, causal_mask(5)).shape)
+    (2, 5, 64)
     """
 
     def __init__(self, d_model, num_heads, d_ff, key_dim=None, value_dim=None, dropout=0.1,
@@ -30,7 +40,8 @@ class DecoderLayer(keras.layers.Layer):
         super().__init__(**kwargs)
         self.d_model, self.num_heads, self.d_ff = d_model, num_heads, d_ff
         self.key_dim, self.value_dim = key_dim, value_dim
-        self.rate, self.attention_rate, self.pre_norm = dropout, attention_dropout, pre_norm
+        self.dropout, self.attention_dropout = dropout, attention_dropout
+        self.pre_norm = pre_norm
         policy = dict(dtype=self.dtype_policy)
         self.self_attention = MultiHeadAttention(num_heads, d_model, key_dim, value_dim,
                                                  attention_dropout, name="self_attention",
@@ -120,18 +131,30 @@ class DecoderLayer(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "d_model": self.d_model, "num_heads": self.num_heads,
                 "d_ff": self.d_ff, "key_dim": self.key_dim, "value_dim": self.value_dim,
-                "dropout": self.rate, "attention_dropout": self.attention_rate,
+                "dropout": self.dropout, "attention_dropout": self.attention_dropout,
                 "pre_norm": self.pre_norm}
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Decoder(LayerStack):
-    """N decoder layers (and a final LayerNorm when pre_norm).
+    """N decoder layers (and a final LayerNorm when pre_norm), section 3.1.
+
+    Args:
+      num_layers: N, 6 in the paper. The others are DecoderLayer's.
 
     Call: x [batch, tgt_len, d_model] (embedded, with positions),
       encoder_output [batch, src_len, d_model], self_attention_mask, cross_attention_mask
       (see DecoderLayer) -> [batch, tgt_len, d_model] (plus a list of N encoder-decoder
       attention weight tensors with return_attention_scores=True).
+
+    Example:
+
+    >>> import keras
+    >>> from keras_transformer import Decoder, causal_mask
+    >>> decoder = Decoder(num_layers=2, d_model=64, num_heads=4, d_ff=256)
+    >>> x, encoder_output = keras.random.normal((2, 5, 64)), keras.random.normal((2, 9, 64))
+    >>> tuple(decoder(x, encoder_output, causal_mask(5)).shape)
+    (2, 5, 64)
     """
 
     layer_class = DecoderLayer

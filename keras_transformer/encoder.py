@@ -11,17 +11,33 @@ from keras_transformer.stack import LayerStack
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class EncoderLayer(keras.layers.Layer):
     """Multi-head self-attention then a position-wise feed-forward network, each
-    wrapped in a residual connection with layer normalisation.
+    wrapped in a residual connection with layer normalisation (section 3.1).
 
     Args:
-      d_model, num_heads, d_ff, key_dim, value_dim: as in TransformerConfig.
-      dropout: P_drop on each sublayer output.
-      attention_dropout: dropout on the attention weights.
-      pre_norm: pre-norm residual blocks instead of the paper's post-norm.
+      d_model: width of the input, of every sublayer output and of the output.
+      num_heads: h, the attention heads.
+      d_ff: inner width of the feed-forward network.
+      key_dim: d_k per head. Defaults to None, d_model / h.
+      value_dim: d_v per head. Defaults to None, d_model / h.
+      dropout: P_drop, the dropout rate on each sublayer output. Defaults to 0.1.
+      attention_dropout: the dropout rate on the attention weights (not in the paper).
+        Defaults to 0.0.
+      pre_norm: pre-norm residual blocks instead of the paper's post-norm. Defaults to
+        False.
 
     Call: x [batch, src_len, d_model], attention_mask bool [batch, 1, 1, src_len]
       -> [batch, src_len, d_model] (plus self-attention weights
       [batch, heads, src_len, src_len] with return_attention_scores=True).
+
+    Example:
+
+    >>> import keras
+    >>> from keras_transformer import EncoderLayer, padding_mask
+    >>> layer = EncoderLayer(d_model=64, num_heads=4, d_ff=256)
+    >>> source_ids = keras.ops.convert_to_tensor([[5, 6, 3, 0]])
+    >>> x = keras.random.normal((1, 4, 64))
+    >>> tuple(layer(x, padding_mask(source_ids)).shape)
+    (1, 4, 64)
     """
 
     def __init__(self, d_model, num_heads, d_ff, key_dim=None, value_dim=None, dropout=0.1,
@@ -29,7 +45,8 @@ class EncoderLayer(keras.layers.Layer):
         super().__init__(**kwargs)
         self.d_model, self.num_heads, self.d_ff = d_model, num_heads, d_ff
         self.key_dim, self.value_dim = key_dim, value_dim
-        self.rate, self.attention_rate, self.pre_norm = dropout, attention_dropout, pre_norm
+        self.dropout, self.attention_dropout = dropout, attention_dropout
+        self.pre_norm = pre_norm
         policy = dict(dtype=self.dtype_policy)
         self.self_attention = MultiHeadAttention(num_heads, d_model, key_dim, value_dim,
                                                  attention_dropout, name="self_attention",
@@ -60,20 +77,28 @@ class EncoderLayer(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "d_model": self.d_model, "num_heads": self.num_heads,
                 "d_ff": self.d_ff, "key_dim": self.key_dim, "value_dim": self.value_dim,
-                "dropout": self.rate, "attention_dropout": self.attention_rate,
+                "dropout": self.dropout, "attention_dropout": self.attention_dropout,
                 "pre_norm": self.pre_norm}
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Encoder(LayerStack):
-    """N encoder layers (and a final LayerNorm when pre_norm).
+    """N encoder layers (and a final LayerNorm when pre_norm), section 3.1.
 
     Args:
-      num_layers: N. Other args as in EncoderLayer.
+      num_layers: N, 6 in the paper. The others are EncoderLayer's.
 
     Call: x [batch, src_len, d_model] (embedded, with positions),
       attention_mask bool [batch, 1, 1, src_len] -> [batch, src_len, d_model]
       (plus a list of N self-attention weight tensors with return_attention_scores=True).
+
+    Example:
+
+    >>> import keras
+    >>> from keras_transformer import Encoder
+    >>> encoder = Encoder(num_layers=2, d_model=64, num_heads=4, d_ff=256)
+    >>> tuple(encoder(keras.random.normal((3, 7, 64))).shape)
+    (3, 7, 64)
     """
 
     layer_class = EncoderLayer

@@ -8,10 +8,17 @@ class PositionwiseFeedForward(keras.layers.Layer):
     """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position alike.
 
     Args:
-      d_model: input and output width.
-      d_ff: inner width.
+      d_model: input and output width (512 in the base model).
+      d_ff: inner width (2048 in the base model).
 
     Call: [batch, length, d_model] -> [batch, length, d_model].
+
+    Example:
+
+    >>> import keras
+    >>> from keras_transformer import PositionwiseFeedForward
+    >>> tuple(PositionwiseFeedForward(64, 256)(keras.random.normal((2, 5, 64))).shape)
+    (2, 5, 64)
     """
 
     def __init__(self, d_model, d_ff, **kwargs):

@@ -1,10 +1,13 @@
 """Attention masks. True means "may attend"; every mask broadcasts to
-[batch, heads, query_len, key_len]. Padding id is 0 throughout the project."""
+[batch, heads, query_len, key_len]."""
 
-import keras
 from keras import ops
 
-PAD_ID = 0
+from keras_transformer.special_ids import PAD_ID
+
+# The logit a masked key gets. Attention logits are always float32 (attention.py), where
+# exp(-1e9 - max) is exactly 0, so a masked key has no weight at all.
+MASKED_LOGIT = -1e9
 
 
 def padding_mask(ids):
@@ -29,8 +32,3 @@ def causal_mask(query_len, key_len=None):
     key_positions = ops.arange(key_len)[None, :]
     return (key_positions <= query_positions)[None, None, :, :]
 
-
-def large_negative(dtype):
-    """A large negative logit that stays finite in `dtype` (float16 max is 65504)."""
-    dtype = keras.backend.standardize_dtype(dtype)
-    return -1e9 if dtype in ("float32", "float64") else -3e4

@@ -34,10 +34,19 @@ class PositionalEncoding(keras.layers.Layer):
       d_model: embedding width.
       max_length: positions available to the "learned" kind.
       kind: "sinusoidal" (fixed, any length) or "learned" (a trained
-        [max_length, d_model] table, Table 3 row E).
+        [max_length, d_model] table, Table 3 row E). Defaults to "sinusoidal".
 
     Call: (x [batch, length, d_model], start=0) -> x + PE[start:start + length].
     `start` lets incremental decoding add the encoding of a single later position.
+
+    Example:
+
+    >>> import keras
+    >>> from keras_transformer import PositionalEncoding
+    >>> positions = PositionalEncoding(d_model=4, max_length=16)
+    >>> encoded = keras.ops.convert_to_numpy(positions(keras.ops.zeros((1, 2, 4))))
+    >>> [[round(float(v), 3) for v in row] for row in encoded[0]]
+    [[0.0, 1.0, 0.0, 1.0], [0.841, 0.54, 0.01, 1.0]]
     """
 
     def __init__(self, d_model, max_length, kind="sinusoidal", **kwargs):

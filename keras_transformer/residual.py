@@ -11,15 +11,28 @@ class Residual(keras.layers.Layer):
     Usage around a sublayer f:  y = f(residual.sublayer_input(x));  x = residual(x, y)
 
     Args:
-      dropout: P_drop on the sublayer output.
-      pre_norm: normalise the sublayer's input instead of the sum.
+      dropout: P_drop, the dropout rate on the sublayer output (section 5.4). Defaults
+        to 0.1, the base model's.
+      pre_norm: normalise the sublayer's input instead of the sum. Defaults to False,
+        the paper's post-norm.
+
+    Call: x, sublayer_output [batch, length, d_model] -> [batch, length, d_model].
+
+    Example:
+
+    >>> import keras
+    >>> from keras_transformer import PositionwiseFeedForward, Residual
+    >>> feed_forward, residual = PositionwiseFeedForward(64, 256), Residual(dropout=0.1)
+    >>> x = keras.random.normal((2, 5, 64))
+    >>> tuple(residual(x, feed_forward(residual.sublayer_input(x))).shape)
+    (2, 5, 64)
     """
 
     def __init__(self, dropout=0.1, pre_norm=False, **kwargs):
         super().__init__(**kwargs)
-        self.rate = dropout
+        self.dropout = dropout
         self.pre_norm = pre_norm
-        self.dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
         self.layer_norm = keras.layers.LayerNormalization(epsilon=1e-6, name="layer_norm",
                                                           dtype=self.dtype_policy)
 
@@ -33,11 +46,11 @@ class Residual(keras.layers.Layer):
 
     def call(self, x, sublayer_output, training=None):
         """x, sublayer_output [batch, length, d_model] -> [batch, length, d_model]."""
-        total = x + self.dropout(sublayer_output, training=training)
+        total = x + self.dropout_layer(sublayer_output, training=training)
         return total if self.pre_norm else self.layer_norm(total)
 
     def compute_output_shape(self, x_shape, sublayer_output_shape=None):
         return x_shape
 
     def get_config(self):
-        return {**super().get_config(), "dropout": self.rate, "pre_norm": self.pre_norm}
+        return {**super().get_config(), "dropout": self.dropout, "pre_norm": self.pre_norm}

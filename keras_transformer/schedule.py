@@ -14,8 +14,17 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     Args:
       d_model: model width.
-      warmup_steps: 4000 in the paper.
-      scale: multiplies the whole schedule (1.0 in the paper).
+      warmup_steps: linear warm-up length. Defaults to 4000, the paper's.
+      scale: multiplies the whole schedule. Defaults to 1.0, the paper's.
+
+    Example:
+
+    >>> import keras
+    >>> from keras_transformer import WarmupSchedule
+    >>> schedule = WarmupSchedule(d_model=512, warmup_steps=4000)
+    >>> round(float(schedule(4000)), 6)  # the peak: 512^-0.5 * 4000^-0.5
+    0.000699
+    >>> optimizer = keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
     """
 
     def __init__(self, d_model, warmup_steps=4000, scale=1.0):

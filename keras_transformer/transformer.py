@@ -1,7 +1,5 @@
 """The Transformer encoder-decoder as a keras.Model (paper section 3, Figure 1)."""
 
-import dataclasses
-
 import keras
 from keras import ops
 
@@ -11,6 +9,30 @@ from keras_transformer.embedding import SharedEmbedding
 from keras_transformer.encoder import Encoder
 from keras_transformer.masking import causal_mask, padding_mask
 from keras_transformer.positional import PositionalEncoding
+from keras_transformer.special_ids import BOS_ID, PAD_ID
+
+
+def shift_right(target_ids):
+    """The decoder's input for a target: "the output embeddings are offset by one
+    position" (section 3.1), BOS first.
+
+    Args:
+      target_ids: int [batch, length], each row the target's pieces, then EOS, then
+        PAD_ID padding.
+    Returns:
+      int [batch, length]: BOS, then target_ids without its last position; PAD_ID where
+      target_ids is padded, so the EOS is never an input.
+
+    Example:
+
+    >>> from keras_transformer import shift_right
+    >>> target_ids = keras.ops.convert_to_tensor([[7, 8, 3, 0], [9, 3, 0, 0]])
+    >>> keras.ops.convert_to_numpy(shift_right(target_ids)).tolist()
+    [[2, 7, 8, 0], [2, 9, 0, 0]]
+    """
+    bos = ops.full_like(target_ids[:, :1], BOS_ID)
+    shifted = ops.concatenate([bos, target_ids[:, :-1]], axis=1)
+    return ops.where(target_ids == PAD_ID, ops.zeros_like(shifted), shifted)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -22,20 +44,27 @@ class Transformer(keras.Model):
       **kwargs: keras.Model arguments, e.g. dtype="mixed_bfloat16".
 
     Call: (source_ids int [batch, src_len], target_input_ids int [batch, tgt_len]),
-      pad id 0, target_input_ids = BOS + target -> float32 logits [batch, tgt_len, vocab].
+      pad id 0, target_input_ids = shift_right(target ids) -> float32 logits
+      [batch, tgt_len, vocab].
 
     Example:
-      >>> model = Transformer(TransformerConfig.base(vocab_size=37000))
-      >>> logits = model((source_ids, target_input_ids), training=True)
+
+    >>> import keras
+    >>> from keras_transformer import Transformer, TransformerConfig, shift_right
+    >>> model = Transformer(TransformerConfig.tiny(vocab_size=100))
+    >>> source_ids = keras.ops.convert_to_tensor([[5, 6, 7, 3]])  # pieces, EOS
+    >>> target_ids = keras.ops.convert_to_tensor([[8, 9, 3]])
+    >>> tuple(model((source_ids, shift_right(target_ids)), training=True).shape)
+    (1, 3, 100)
 
     `encode`, `decode`, `initial_cache` and `decode_step` are the pieces that
-    decoding (keras_transformer.beam_search) reuses.
+    decoding (keras_transformer.decoding) reuses.
     """
 
     def __init__(self, config, **kwargs):
         super().__init__(**kwargs)
         if isinstance(config, dict):
-            config = TransformerConfig(**config)
+            config = TransformerConfig.from_dict(config)
         self.config = config
         policy = dict(dtype=self.dtype_policy)
         stack = dict(num_layers=config.num_layers, d_model=config.d_model,
@@ -53,8 +82,8 @@ class Transformer(keras.Model):
                           kind=config.positional, **policy)
         self.source_positions = PositionalEncoding(name="source_positions", **positional)
         self.target_positions = PositionalEncoding(name="target_positions", **positional)
-        self.source_dropout = keras.layers.Dropout(config.dropout, **policy)
-        self.target_dropout = keras.layers.Dropout(config.dropout, **policy)
+        self.source_dropout_layer = keras.layers.Dropout(config.dropout, **policy)
+        self.target_dropout_layer = keras.layers.Dropout(config.dropout, **policy)
         self.encoder = Encoder(name="encoder", **stack, **policy)
         self.decoder = Decoder(name="decoder", **stack, **policy)
 
@@ -65,7 +94,7 @@ class Transformer(keras.Model):
     def encode(self, source_ids, training=None, return_attention_scores=False):
         """source_ids int [batch, src_len] -> encoder output [batch, src_len, d_model]
         (plus N encoder self-attention weights with return_attention_scores=True)."""
-        x = self.source_dropout(self._embed_source(source_ids), training=training)
+        x = self.source_dropout_layer(self._embed_source(source_ids), training=training)
         return self.encoder(x, padding_mask(source_ids), training=training,
                             return_attention_scores=return_attention_scores)
 
@@ -82,7 +111,7 @@ class Transformer(keras.Model):
           weights with return_attention_scores=True).
         """
         x = self.target_positions(self.embedding(target_input_ids))
-        x = self.target_dropout(x, training=training)
+        x = self.target_dropout_layer(x, training=training)
         target_len = ops.shape(target_input_ids)[1]
         outputs = self.decoder(x, encoder_output, causal_mask(target_len),
                                padding_mask(source_ids), training=training,
@@ -129,7 +158,7 @@ class Transformer(keras.Model):
         self.build()
 
     def get_config(self):
-        return {**super().get_config(), "config": dataclasses.asdict(self.config)}
+        return {**super().get_config(), "config": self.config.to_dict()}
 
     @classmethod
     def from_config(cls, config):

@@ -1,10 +1,96 @@
-"""Shared test set-up: quiet TensorFlow logs and paths to the shared data."""
+"""Shared test set-up: quiet TensorFlow logs, paths to the shared data, and one tiny
+model trained and exported once per session by the real `python -m trainer.task` in a
+subprocess (the fixtures `exported`, `loaded`, `translator`, `sentencepiece`), which every
+export, signature and CLI test shares."""
 
+import dataclasses
 import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 MULTI30K = SHARED_DATA / "multi30k"
+
+_CACHE = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Exported:
+    model_dir: Path
+    export_dir: Path
+    version_dir: Path
+    task_stdout: str
+
+
+def run(args, cwd, timeout=600, input=None, env=None):
+    """Runs a command, failing the test with its output if it fails."""
+    result = subprocess.run(args, cwd=cwd, input=input, capture_output=True, timeout=timeout,
+                            env=env)
+    if result.returncode != 0:
+        raise AssertionError(f"{args} exited {result.returncode}:\n"
+                             f"{result.stdout.decode(errors='replace')[-3000:]}\n"
+                             f"{result.stderr.decode(errors='replace')[-3000:]}")
+    return result
+
+
+def _train_and_export(root: Path) -> Exported:
+    model_dir, export_dir = root / "model", root / "export"
+    # 30 steps: a model that translates badly but fast; the tests check plumbing and
+    # properties that hold for any weights.
+    result = run([sys.executable, "-m", "trainer.task", "--train_steps=30",
+                  "--warmup_steps=30", "--eval_every=30", "--checkpoint_every=15",
+                  "--bleu_sentences=20", "--log_every=30", f"--model_dir={model_dir}",
+                  f"--export_dir={export_dir}"], cwd=root, env=_env())
+    stdout = result.stdout.decode()
+    return Exported(model_dir, export_dir, export_dir / "1", stdout)
+
+
+def _env():
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(REPO)}
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory) -> Exported:
+    if "exported" not in _CACHE:
+        _CACHE["exported"] = _train_and_export(tmp_path_factory.mktemp("export_session"))
+    return _CACHE["exported"]
+
+
+@pytest.fixture(scope="session")
+def loaded(exported):
+    """The export loaded in this process (tensorflow_text imported first)."""
+    if "loaded" not in _CACHE:
+        import tensorflow as tf
+        import tensorflow_text  # noqa: F401
+        _CACHE["loaded"] = tf.saved_model.load(str(exported.version_dir))
+    return _CACHE["loaded"]
+
+
+@pytest.fixture(scope="session")
+def translator(exported):
+    """The in-process Translator of the exported model directory (float32, latest
+    checkpoint), what the export saved."""
+    if "translator" not in _CACHE:
+        from trainer.serving import saved_model
+        _CACHE["translator"] = saved_model.build_translator(str(exported.model_dir))[0]
+    return _CACHE["translator"]
+
+
+@pytest.fixture(scope="session")
+def sentencepiece(exported):
+    """The exported vocabulary (assets/spm.model) in the sentencepiece package."""
+    import sentencepiece as spm
+    return spm.SentencePieceProcessor(model_file=str(exported.version_dir / "assets" /
+                                                     "spm.model"))
+
+
+def sources(n: int):
+    """n different sentences of the builtin corpus' source language (English numbers)."""
+    from trainer.data import builtin_corpus
+    return [builtin_corpus.english(7 + 389 * i) for i in range(n)]

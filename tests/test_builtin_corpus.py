@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from trainer import builtin_corpus
-from trainer.builtin_corpus import english, german, split_numbers, splits
+from trainer.data import builtin_corpus
+from trainer.data.builtin_corpus import english, german, split_numbers, splits
 
 # Hand-checked translations: (number, British English, German).
 EXAMPLES = [

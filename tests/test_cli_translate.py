@@ -8,8 +8,10 @@ import pytest
 import sacrebleu
 import tensorflow as tf
 
-from conftest import MULTI30K
-from test_export_fixtures import exported, loaded, run, sources  # noqa: F401
+from conftest import MULTI30K, run, sources
+
+# Each test runs the programs in subprocesses, or uses the model they trained.
+pytestmark = pytest.mark.slow
 
 
 def test_translate_cli_gives_one_line_per_input_line_as_the_signature_does(exported, loaded,
@@ -26,12 +28,24 @@ def test_translate_cli_gives_one_line_per_input_line_as_the_signature_does(expor
         inputs=tf.constant([line.rstrip(b"\r") for line in lines]))["translations"].numpy()
     assert out[:-1] == [t.decode() for t in expected]
     assert out[3] == out[4] == ""
+    # Progress is all the console shows: TensorFlow's start-up lines are hidden.
+    stderr = result.stderr.decode()
+    assert all(line.startswith("translated ") for line in stderr.splitlines()), stderr
     assert f"translated {len(lines)}/{len(lines)}" in result.stderr.decode()
+
+
+def test_verbosity_shows_what_the_quiet_console_hides(exported, tmp_path):
+    command = [sys.executable, "-m", "trainer.translate", f"--saved_model={exported.version_dir}"]
+    quiet = run(command, cwd=tmp_path, input=b"one\n").stderr.decode().splitlines()
+    verbose = run(command + ["--verbosity=0"], cwd=tmp_path,
+                  input=b"one\n").stderr.decode().splitlines()
+    assert [line for line in quiet if not line.startswith("translated ")] == []
+    assert len([line for line in verbose if not line.startswith("translated ")]) > 0
 
 
 def test_evaluate_cli_prints_sacrebleu_and_chrf_with_signatures_of_its_translations(
         exported, tmp_path):
-    from trainer import builtin_corpus
+    from trainer.data import builtin_corpus
     numbers = [7 + 389 * i for i in range(6)]
     (tmp_path / "src.txt").write_text("".join(builtin_corpus.english(n) + "\n"
                                               for n in numbers))
@@ -57,7 +71,8 @@ def test_evaluate_cli_prints_sacrebleu_and_chrf_with_signatures_of_its_translati
 
 @pytest.mark.skipif(not (MULTI30K / "tok").is_dir(), reason="needs ../shared/data/multi30k")
 def test_tokenized_bleu_tokenizes_output_exactly_as_the_official_multi30k_files():
-    from trainer.evaluate import moses_tokenized, read_text, scores
+    from trainer.cli import read_text
+    from trainer.training.bleu import corpus_scores, moses_tokenized
     raw = read_text(MULTI30K / "test2016.de")
     assert moses_tokenized(raw, "de") == read_text(MULTI30K / "tok" / "test2016.lc.norm.tok.de")
     # val: 1 of 1014 lines differs (a period after a closing quote at the very end).
@@ -67,7 +82,7 @@ def test_tokenized_bleu_tokenizes_output_exactly_as_the_official_multi30k_files(
     # Cased output scored against the lowercased references: tokenized BLEU lowercases.
     hypotheses = read_text(MULTI30K / "test2016.de")[:200]
     references = read_text(MULTI30K / "tok" / "test2016.lc.norm.tok.de")[:200]
-    results = scores(hypotheses, hypotheses, references)
+    results = corpus_scores(hypotheses, hypotheses, tokenized_references=references)
     assert results["tok_bleu"][0].score == pytest.approx(100.0)
     assert results["bleu"][0].score == pytest.approx(100.0)
-    assert scores(hypotheses, [r.upper() for r in hypotheses])["bleu"][0].score < 10
+    assert corpus_scores(hypotheses, [r.upper() for r in hypotheses])["bleu"][0].score < 10

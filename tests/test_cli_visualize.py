@@ -4,9 +4,13 @@ import subprocess
 import sys
 
 import matplotlib.image
+import pytest
 import tensorflow as tf
 
-from test_export_fixtures import exported, loaded, run  # noqa: F401
+from conftest import run
+
+# Each test runs the programs in subprocesses, or uses the model they trained.
+pytestmark = pytest.mark.slow
 
 
 def test_visualize_draws_every_layer_of_both_attentions_with_a_panel_per_head(exported,

@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from test_export_fixtures import exported, loaded, run, sources, translator  # noqa: F401
+from conftest import run, sources
+
+# Each test runs the programs in subprocesses, or uses the model they trained.
+pytestmark = pytest.mark.slow
 
 SIGNATURES = {
     "serving_default": ({"inputs": (tf.string, [None])},
@@ -179,13 +182,13 @@ def test_export_cli_averages_into_the_next_version_that_appears_only_complete(ex
 
 
 def test_a_saved_model_path_resolves_to_the_version_tf_serving_would_serve(tmp_path):
-    from trainer import export
+    from trainer.serving import saved_model
     for version in ("3", "12", "9"):
         (tmp_path / version).mkdir()
         (tmp_path / version / "saved_model.pb").write_bytes(b"")
     (tmp_path / ".tmp-13").mkdir()  # an export in progress is not a version
-    assert export.versions(str(tmp_path)) == [3, 9, 12]
-    assert export.resolve(str(tmp_path)) == str(tmp_path / "12")
-    assert export.resolve(str(tmp_path / "3")) == str(tmp_path / "3")
+    assert saved_model.versions(str(tmp_path)) == [3, 9, 12]
+    assert saved_model.resolve(str(tmp_path)) == str(tmp_path / "12")
+    assert saved_model.resolve(str(tmp_path / "3")) == str(tmp_path / "3")
     with pytest.raises(FileNotFoundError):
-        export.resolve(str(tmp_path / ".tmp-13"))
+        saved_model.resolve(str(tmp_path / ".tmp-13"))

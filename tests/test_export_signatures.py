@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from test_export_fixtures import (exported, loaded, sentencepiece, sources,  # noqa: F401
-                                  translator)
+from conftest import sources
+
+# Each test runs the programs in subprocesses, or uses the model they trained.
+pytestmark = pytest.mark.slow
 
 MAX_LENGTH = 128  # the tiny preset's positions: outputs have at most 127 tokens
 BAD_TEXTS = [b"", b"   \t  ", b"\n", ("seventy " * 1250).encode(), b"x" * 10000,

@@ -12,13 +12,13 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from trainer import input_pipeline, sources, tokenizer as tokenizer_lib
-from trainer.input_pipeline import PipelineConfig
-from trainer.sources import DataError
-from trainer.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
+from trainer.config import DataConfig
+from trainer.data import input_pipeline, sources, tokenizer as tokenizer_lib
+from trainer.data.sources import DataError
 
-REPO = Path(__file__).resolve().parents[1]
-MULTI30K = REPO.parent / "shared/data/multi30k"
+from conftest import MULTI30K, REPO
+
 PAIRS = 4000  # Multi30k training pairs used here, to stay fast.
 
 
@@ -63,7 +63,7 @@ def decoded_pairs(dataset, tokenizers):
 
 
 def test_no_batch_exceeds_the_token_budget(multi30k, tokenizers):
-    config = PipelineConfig(max_len=64, batch_tokens=1000, seed=1)
+    config = DataConfig(max_len=64, batch_tokens=1000, seed=1)
     lengths = input_pipeline.bucket_lengths(config.max_len)
     shapes = set()
     for (source_ids, target_input_ids), target_output_ids in input_pipeline.train_dataset(
@@ -79,7 +79,7 @@ def test_no_batch_exceeds_the_token_budget(multi30k, tokenizers):
 
 
 def test_every_pair_appears_exactly_once_per_epoch(multi30k, tokenizers):
-    config = PipelineConfig(max_len=128, batch_tokens=2048, seed=7)
+    config = DataConfig(max_len=128, batch_tokens=2048, seed=7)
     expected = collections.Counter(text_pairs(multi30k, "train"))
     assert len(expected) > 0.99 * PAIRS
     one_epoch = input_pipeline.train_dataset(multi30k.pairs("train"), tokenizers, config,
@@ -98,7 +98,7 @@ def test_every_pair_appears_exactly_once_per_epoch(multi30k, tokenizers):
 
 def test_a_seed_fixes_the_training_stream(multi30k, tokenizers):
     def first_batches(seed):
-        config = PipelineConfig(max_len=64, batch_tokens=1024, seed=seed)
+        config = DataConfig(max_len=64, batch_tokens=1024, seed=seed)
         dataset = input_pipeline.train_dataset(multi30k.pairs("train"), tokenizers, config)
         return [batch[1].numpy() for batch in dataset.take(20)]
 
@@ -108,7 +108,7 @@ def test_a_seed_fixes_the_training_stream(multi30k, tokenizers):
 
 
 def test_decoder_input_is_the_target_shifted_right(multi30k, tokenizers):
-    config = PipelineConfig(max_len=64, batch_tokens=1024)
+    config = DataConfig(max_len=64, batch_tokens=1024)
     batch = next(iter(input_pipeline.eval_dataset(multi30k.pairs("validation"), tokenizers,
                                                   config)))
     (source_ids, target_input_ids), target_output_ids = batch
@@ -129,7 +129,7 @@ def test_decoder_input_is_the_target_shifted_right(multi30k, tokenizers):
 
 
 def test_eval_is_one_deterministic_pass_over_every_pair(multi30k, tokenizers):
-    config = PipelineConfig(max_len=256, batch_tokens=2048)
+    config = DataConfig(max_len=256, batch_tokens=2048)
     first = decoded_pairs(input_pipeline.eval_dataset(multi30k.pairs("validation"), tokenizers,
                                                       config), tokenizers)
     second = decoded_pairs(input_pipeline.eval_dataset(multi30k.pairs("validation"), tokenizers,
@@ -139,7 +139,7 @@ def test_eval_is_one_deterministic_pass_over_every_pair(multi30k, tokenizers):
 
 
 def test_too_long_pairs_are_dropped_and_counted(multi30k, tokenizers):
-    config = PipelineConfig(max_len=16, batch_tokens=512)
+    config = DataConfig(max_len=16, batch_tokens=512)
     pairs = text_pairs(multi30k, "validation")
     source_lengths = tokenizers.source.tokenize([s for s, _ in pairs]).row_lengths() + 1
     target_lengths = tokenizers.target.tokenize([t for _, t in pairs]).row_lengths() + 1
@@ -162,7 +162,7 @@ def test_empty_lines_are_skipped_and_counted(tmp_path, tokenizers):
     source = sources.ParallelFiles({"train": (str(tmp_path / "t.en"), str(tmp_path / "t.de"))})
     counts = input_pipeline.count_split(source.pairs("train"), tokenizers, max_len=64)
     assert str(counts) == "7 pairs read, 4 empty skipped, 0 too long dropped"
-    config = PipelineConfig(max_len=64, batch_tokens=256)
+    config = DataConfig(max_len=64, batch_tokens=256)
     assert sorted(decoded_pairs(input_pipeline.eval_dataset(source.pairs("train"), tokenizers,
                                                             config), tokenizers)) == [
         ("A dog.", "Ein Hund."), ("A fish.", "Ein Fisch."), ("Two cats.", "Zwei Katzen.")]
@@ -170,7 +170,7 @@ def test_empty_lines_are_skipped_and_counted(tmp_path, tokenizers):
 
 def test_build_reports_and_rejects_bad_input_before_training(tmp_path, multi30k):
     data = input_pipeline.build(multi30k, str(tmp_path / "model"),
-                                PipelineConfig(max_len=24, batch_tokens=512), vocab_size=1500)
+                                DataConfig(max_len=24, batch_tokens=512, vocab_size=1500))
     assert (tmp_path / "model" / "spm.model").exists()
     train, validation = data.counts["train"], data.counts["validation"]
     assert data.report == (f"train: {PAIRS} pairs read, 0 empty skipped, {train.too_long} too long "
@@ -179,11 +179,11 @@ def test_build_reports_and_rejects_bad_input_before_training(tmp_path, multi30k)
     assert train.too_long > 0
     assert data.eval_texts()[0][:2] == [p[0] for p in text_pairs(multi30k, "validation")[:2]]
 
-    with pytest.raises(DataError, match="batch_tokens=100 is less than max_len=128"):
-        PipelineConfig(max_len=128, batch_tokens=100)
+    with pytest.raises(ValueError, match="batch_tokens=100 is less than max_len=128"):
+        DataConfig(max_len=128, batch_tokens=100)
     with pytest.raises(DataError, match="no training pair left"):
         input_pipeline.build(multi30k, str(tmp_path / "model"),
-                             PipelineConfig(max_len=2, batch_tokens=64))
+                             DataConfig(max_len=2, batch_tokens=64))
     with pytest.raises(DataError, match="no split 'test'"):
         input_pipeline.build(multi30k, str(tmp_path / "model"), eval_split="test")
 
@@ -200,7 +200,7 @@ def test_bucket_lengths_are_few_and_cover_max_len():
 
 
 def test_input_pipelines_read_disjoint_shards(multi30k, tokenizers):
-    config = PipelineConfig(max_len=128, batch_tokens=2048, seed=3)
+    config = DataConfig(max_len=128, batch_tokens=2048, seed=3)
     shards = []
     for pipeline_id in range(2):
         context = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=pipeline_id,
@@ -214,8 +214,8 @@ def test_input_pipelines_read_disjoint_shards(multi30k, tokenizers):
 
 def test_tfds_translation_builder_with_mock_data(tmp_path):
     with tfds.testing.mock_data(num_examples=40):
-        source = sources.select("tfds:wmt14_translate/de-en", source_lang="en", target_lang="de")
-        data = input_pipeline.build(source, str(tmp_path), PipelineConfig(max_len=64,
+        source = sources.select(DataConfig(dataset="tfds:wmt14_translate/de-en"))
+        data = input_pipeline.build(source, str(tmp_path), DataConfig(max_len=64,
                                                                           batch_tokens=512))
         assert data.report.startswith("train: 40 pairs read, 0 empty skipped")
         expected = collections.Counter(
@@ -231,12 +231,13 @@ import sys
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from trainer import input_pipeline, sources
-source = sources.select(builtin_train_size=2000, builtin_eval_size=10)
-config = input_pipeline.PipelineConfig(max_len=48, batch_tokens=480, seed=0)
+from trainer.config import DataConfig
+from trainer.data import input_pipeline, sources
+config = DataConfig(max_len=48, batch_tokens=480, seed=0)
+source = sources.select(config, builtin_train_size=2000, builtin_eval_size=10)
 data = input_pipeline.build(source, sys.argv[1], config)
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-dataset = input_pipeline.distribute(strategy, data.train_dataset)
+dataset = strategy.distribute_datasets_from_function(data.train_dataset)
 iterator = iter(dataset)
 for _ in range(5):
     (source_ids, _), _ = next(iterator)
@@ -247,6 +248,7 @@ for _ in range(5):
 """
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_gets_one_budgeted_batch_per_replica(tmp_path):
     result = subprocess.run([sys.executable, "-c", _MIRRORED, str(tmp_path)], cwd=REPO,
                             capture_output=True, text=True, timeout=300,

@@ -7,10 +7,11 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from trainer import builtin_corpus, sources
-from trainer.sources import DataError
+from trainer.config import DataConfig
+from trainer.data import builtin_corpus, sources
+from trainer.data.sources import DataError
 
-MULTI30K = Path(__file__).resolve().parents[1].parent / "shared/data/multi30k"
+from conftest import MULTI30K
 
 
 def write(path: Path, data: bytes) -> str:
@@ -36,7 +37,8 @@ def test_mismatched_line_counts_name_both_files_and_counts(tmp_path):
     # The trainer's entry point checks every split when it opens the source.
     good = write(tmp_path / "val.en", b"one\n")
     with pytest.raises(DataError, match="line counts differ"):
-        sources.select(train_files=(source, target), eval_files=(good, good))
+        sources.select(DataConfig(train_src=source, train_tgt=target, eval_src=good,
+                                  eval_tgt=good))
 
 
 def test_invalid_utf8_names_file_and_line(tmp_path):
@@ -95,9 +97,9 @@ def test_gzip_and_plain_files_give_the_same_pairs_in_order(tmp_path):
 
 
 def test_multi30k_files_are_read_in_order():
-    source = sources.select(
-        train_files=(str(MULTI30K / "train.en.gz"), str(MULTI30K / "train.de.gz")),
-        eval_files=(str(MULTI30K / "val.en"), str(MULTI30K / "val.de")))
+    source = sources.select(DataConfig(
+        train_src=str(MULTI30K / "train.en.gz"), train_tgt=str(MULTI30K / "train.de.gz"),
+        eval_src=str(MULTI30K / "val.en"), eval_tgt=str(MULTI30K / "val.de")))
     assert source.splits == ("train", "validation")
     assert source.size("train") == 29000 and source.size("validation") == 1014
     first = read_pairs(source.pairs("validation").take(1))[0]
@@ -115,26 +117,27 @@ def test_vocabulary_sample_spreads_over_the_whole_split():
 
 
 def test_builtin_source_direction():
-    forward = sources.select(builtin_train_size=50, builtin_eval_size=5)
-    backward = sources.select(source_lang="de", target_lang="en", builtin_train_size=50,
-                              builtin_eval_size=5)
+    forward = sources.select(DataConfig(), builtin_train_size=50, builtin_eval_size=5)
+    backward = sources.select(DataConfig(source_lang="de", target_lang="en"),
+                              builtin_train_size=50, builtin_eval_size=5)
     assert forward.splits == ("train", "validation", "test")
     pairs = read_pairs(forward.pairs("validation"))
     assert read_pairs(backward.pairs("validation")) == [(t, s) for s, t in pairs]
     english, german = builtin_corpus.splits(seed=0, train_size=50, eval_size=5)["validation"]
     assert pairs == list(zip(english, german))
     with pytest.raises(DataError, match="between en and de"):
-        sources.select(source_lang="en", target_lang="fr")
+        sources.select(DataConfig(source_lang="en", target_lang="fr"))
 
 
 def test_select_rejects_incomplete_or_conflicting_options(tmp_path):
     en = write(tmp_path / "a.en", b"x\n")
     with pytest.raises(DataError, match="all four"):
-        sources.select(train_files=(en, en))
+        sources.select(DataConfig(train_src=en, train_tgt=en))
     with pytest.raises(DataError, match="either"):
-        sources.select("tfds:wmt14_translate/de-en", train_files=(en, en), eval_files=(en, en))
+        sources.select(DataConfig(dataset="tfds:wmt14_translate/de-en", train_src=en,
+                                  train_tgt=en, eval_src=en, eval_tgt=en))
     with pytest.raises(DataError, match="unknown dataset"):
-        sources.select("multi30k")
+        sources.select(DataConfig(dataset="multi30k"))
 
 
 @pytest.mark.parametrize("name", ["wmt14_translate/de-en", "wmt_t2t_translate/de-en"])
@@ -142,12 +145,14 @@ def test_tfds_source_reads_the_asked_direction(name):
     with tfds.testing.mock_data(num_examples=6):
         examples = list(tfds.builder(name).as_dataset(split="train", shuffle_files=False)
                         .as_numpy_iterator())
-        en_de = sources.select(f"tfds:{name}", source_lang="en", target_lang="de")
-        de_en = sources.select(f"tfds:{name}", source_lang="de", target_lang="en")
+        en_de = sources.select(DataConfig(dataset=f"tfds:{name}"))
+        de_en = sources.select(DataConfig(dataset=f"tfds:{name}", source_lang="de",
+                                          target_lang="en"))
         assert read_pairs(en_de.pairs("train")) == [
             (e["en"].decode(), e["de"].decode()) for e in examples]
         assert read_pairs(de_en.pairs("train")) == [
             (e["de"].decode(), e["en"].decode()) for e in examples]
         assert en_de.size("train") == 6
         with pytest.raises(DataError, match="translates between"):
-            sources.select(f"tfds:{name}", source_lang="en", target_lang="fr")
+            sources.select(DataConfig(dataset=f"tfds:{name}", source_lang="en",
+                                      target_lang="fr"))

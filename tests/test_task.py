@@ -14,6 +14,9 @@ import tensorflow as tf
 
 from conftest import REPO
 
+# Each test runs the programs in subprocesses, or uses the model they trained.
+pytestmark = pytest.mark.slow
+
 QUICK = ["--max_len=32", "--batch_tokens=512", "--eval_every=1000", "--bleu_sentences=10",
          "--export_dir=none", "--log_every=5", "--warmup_steps=50"]
 
@@ -47,6 +50,12 @@ def test_two_replica_run_learns_and_a_resumed_run_stops_at_the_new_total(tmp_pat
                  f"--model_dir={model_dir}")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "2 replica(s)" in first.stdout
+    # A quiet console: no TensorFlow start-up lines, and in a file (not a terminal) one
+    # progress line per --log_every=5 updates.
+    assert first.stderr == "", first.stderr[-3000:]
+    progress = [line for line in first.stdout.splitlines() if line.startswith("step ")
+                and "/40 " in line]
+    assert [line.split()[1] for line in progress] == [f"{s}/40" for s in range(5, 45, 5)]
     loss = summaries(model_dir, "loss")
     assert loss[40] < loss[5] - 1.0, loss
     assert latest_step(model_dir) == 40
@@ -103,11 +112,23 @@ def test_a_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpo
             assert np.all(np.isfinite(reader.get_tensor(name))), name
 
 
+def test_flags_are_checked_without_tensorflow():
+    """The command line, its configs and the library's config are pure Python: a bad
+    flag is reported before TensorFlow's start-up."""
+    code = ("import sys, keras_transformer, trainer.task\n"
+            "from keras_transformer import TransformerConfig, PRESETS\n"
+            "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules\n"
+            "print(TransformerConfig.preset('base').d_model)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "512", result.stderr
+
+
 @pytest.mark.parametrize("flags,expected", [
     (["--config=huge"], "unknown preset --config=huge"),
     (["--train_src=/nonexistent/train.en", "--train_tgt=/nonexistent/train.de"],
      "--train_src=/nonexistent/train.en: no such file"),
-    (["--max_len=128", "--batch_tokens=64"], "--batch_tokens=64 is smaller than --max_len=128"),
+    (["--max_len=128", "--batch_tokens=64"], "batch_tokens=64 is less than max_len=128"),
     (["--hparams=d_modle=3"], "unknown field 'd_modle'"),
 ])
 def test_bad_flags_give_a_one_line_error_before_any_work(tmp_path, flags, expected):

@@ -2,16 +2,17 @@
 
 import gzip
 import itertools
-import unicodedata
 from pathlib import Path
+import unicodedata
 
 import pytest
 import tensorflow as tf
 
-from trainer import tokenizer as tokenizer_lib
-from trainer.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from trainer.data import tokenizer as tokenizer_lib
+from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from trainer.data.tokenizer import Tokenizer
 
-MULTI30K = Path(__file__).resolve().parents[1].parent / "shared/data/multi30k"
+from conftest import MULTI30K
 
 
 def read_lines(path: Path, limit=None):

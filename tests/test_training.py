@@ -1,14 +1,17 @@
 """The optimisation recipe of section 5: schedule, label smoothing, accumulation, precision."""
 
-import dataclasses
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import TransformerConfig, WarmupSchedule, label_smoothed_cross_entropy
-from trainer import distribute, input_pipeline, sources, train
+from keras_transformer import (LabelSmoothedCrossEntropy, Transformer, TransformerConfig,
+                               WarmupSchedule, label_smoothed_cross_entropy)
+from trainer.config import PRECISIONS, DataConfig, RunConfig
+from trainer.data import input_pipeline, sources
+from trainer.training import distribute
+from trainer.training.run import build_trainer
 
 
 def paper_lrate(step, d_model=512, warmup=4000):
@@ -49,8 +52,7 @@ def test_smoothed_loss_equals_a_hand_computation():
 def data(tmp_path_factory):
     source = sources.BuiltinSource(seed=3, train_size=2000, eval_size=50)
     return input_pipeline.build(source, str(tmp_path_factory.mktemp("vocab")),
-                                input_pipeline.PipelineConfig(max_len=32, batch_tokens=512,
-                                                              seed=0))
+                                DataConfig(max_len=32, batch_tokens=512, seed=0))
 
 
 INITIAL_WEIGHTS = {}
@@ -62,8 +64,9 @@ def make_trainer(data, tmp_path, name, **run):
     (Not by re-seeding: tf.random.set_seed clears TF's kernel cache, which destroys the
     tf-text SentencePiece resource the data pipeline holds.)"""
     config = TransformerConfig.tiny(vocab_size=data.tokenizers.target.vocab_size, dropout=0.0)
-    run = train.RunConfig(model_dir=str(tmp_path / name), warmup_steps=50, **run)
-    trainer = train.Trainer(config, run, data, distribute.make_strategy(0))
+    run = RunConfig(model_dir=str(tmp_path / name), warmup_steps=50,
+                    **{"precision": "float32", **run})
+    trainer = build_trainer(config, data, run, distribute.make_strategy(0))
     weights = INITIAL_WEIGHTS.setdefault(config, trainer.model.get_weights())
     trainer.model.set_weights(weights)
     return trainer
@@ -93,14 +96,15 @@ def test_two_accumulated_batches_give_the_update_of_one_double_batch(data, tmp_p
 
     # The gradient each update sees: accumulated sums over all target tokens of the step.
     def gradient(trainer):
-        tokens = trainer.stat_sums.numpy()[1]
+        tokens = trainer.totals.target_tokens.numpy()
         return [g.numpy() / tokens for g in trainer.gradient_sums]
 
     for a, b in zip(gradient(accumulated), gradient(single)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
     stats_a, stats_b = accumulated.apply(), single.apply()
     for key in ("loss", "gradient_norm", "target_tokens"):
-        assert float(stats_a[key]) == pytest.approx(float(stats_b[key]), rel=1e-5), key
+        assert float(getattr(stats_a, key)) == pytest.approx(float(getattr(stats_b, key)),
+                                                             rel=1e-5), key
     before = make_trainer(data, tmp_path, "untrained").model.get_weights()
     after_a, after_b = accumulated.model.get_weights(), single.model.get_weights()
     step = max(np.abs(a - w).max() for a, w in zip(after_a, before))
@@ -116,14 +120,41 @@ def train_steps(trainer, steps):
     losses = []
     for _ in range(steps):
         trainer.accumulate(trainer.iterator)
-        losses.append(float(trainer.apply()["loss"]))
+        losses.append(float(trainer.apply().loss))
     return losses
+
+
+def test_keras_fit_with_the_paper_loss_trains_and_reports_the_trainers_loss(data, tmp_path):
+    """The library's Keras way: compile with Adam(WarmupSchedule) and
+    LabelSmoothedCrossEntropy, fit on ((source_ids, target_input_ids), target_output_ids)."""
+    batch = next(iter(data.eval_dataset()))
+    trainer = make_trainer(data, tmp_path, "for_fit")
+    trainer.accumulate(distributed(trainer, batch))
+    trainer_loss = float(trainer.apply().loss)
+
+    config = trainer.model.config
+    model = Transformer(config)
+    model.build()
+    model.set_weights(INITIAL_WEIGHTS[config])
+    model.compile(optimizer=keras.optimizers.Adam(WarmupSchedule(config.d_model, 50),
+                                                  0.9, 0.98, 1e-9),
+                  loss=LabelSmoothedCrossEntropy(config.label_smoothing))
+    # One batch per epoch: each epoch's loss is that batch's before the epoch's update.
+    losses = model.fit(tf.data.Dataset.from_tensors(batch), epochs=30, verbose=0).history["loss"]
+    assert losses[0] == pytest.approx(trainer_loss, rel=1e-5)
+    assert losses[-1] < losses[0] - 1.0, losses
+    # The same number as the trainer's summed loss over the batch's tokens.
+    (source_ids, target_input_ids), target_output_ids = batch
+    logits = model((source_ids, target_input_ids))
+    loss_sum, tokens = label_smoothed_cross_entropy(target_output_ids, logits)
+    assert float(LabelSmoothedCrossEntropy()(target_output_ids, logits)) == pytest.approx(
+        float(loss_sum / tokens), rel=1e-6)
 
 
 def test_float16_and_bfloat16_training_reach_the_float32_loss(data, tmp_path):
     steps = 100
     final = {}
-    for precision in train.PRECISIONS:
+    for precision in PRECISIONS:
         losses = train_steps(make_trainer(data, tmp_path, precision, precision=precision), steps)
         assert all(np.isfinite(losses)), precision
         final[precision] = np.mean(losses[-10:])

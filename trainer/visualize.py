@@ -1,127 +1,40 @@
 """python -m trainer.visualize --saved_model=DIR --text "..." --out=DIR: attention heatmaps.
 
-Section 4 of the paper: "Not only do individual attention heads clearly learn to perform
-different tasks, many appear to exhibit behavior related to the syntactic and semantic
-structure of the sentences." This draws what each head attends to, from the SavedModel's
-`attention` signature alone:
-
-  <out>/encoder_self_attention_layer<i>.png     one heatmap per head: source x source
-  <out>/encoder_decoder_attention_layer<i>.png  one heatmap per head: output x source
-
-Rows are the attending positions (queries), columns the attended ones (keys); each row
-sums to 1. Layers are numbered from 1 (bottom).
+One PNG per layer for encoder self-attention and for encoder-decoder attention, one heatmap
+per head, drawn from the SavedModel's `attention` signature alone
+(trainer/serving/attention_maps.py).
 """
 
-import os
-import sys
-from typing import List
+from absl import flags
 
-import numpy as np
-from absl import app, flags
+from trainer import cli
 
 FLAGS = flags.FLAGS
-
-
-def attention_maps(model, text) -> dict:
-    """The `attention` signature's outputs for one sentence (str or bytes), cropped to its
-    pieces: source_pieces [src_len], output_pieces [tgt_len] (str lists),
-    encoder_self_attention [layers, heads, src_len, src_len], encoder_decoder_attention
-    [layers, heads, tgt_len, src_len] (numpy), translation (str)."""
-    import tensorflow as tf
-    out = model.signatures["attention"](inputs=tf.constant([text]))
-    src, tgt = int(out["source_lengths"][0]), int(out["output_lengths"][0])
-
-    def strings(pieces, n):
-        return [p.decode("utf-8", errors="replace") for p in pieces[0, :n].numpy()]
-
-    return {"translation": out["translations"][0].numpy().decode("utf-8"),
-            "source_pieces": strings(out["source_pieces"], src),
-            "output_pieces": strings(out["output_pieces"], tgt),
-            "encoder_self_attention": out["encoder_self_attention"][0, :, :, :src, :src].numpy(),
-            "encoder_decoder_attention":
-                out["encoder_decoder_attention"][0, :, :, :tgt, :src].numpy()}
-
-
-def plot_heads(weights: np.ndarray, rows: List[str], columns: List[str], title: str,
-               path: str, row_label: str = "query"):
-    """One figure with a heatmap per head: weights [heads, len(rows), len(columns)]."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    heads = weights.shape[0]
-    per_row = min(heads, 4)
-    grid = (heads + per_row - 1) // per_row
-    cell = 0.28  # inches per token
-    size = (max(3.0, cell * len(columns) + 1.5) * per_row,
-            max(3.0, cell * len(rows) + 1.5) * grid)
-    fig, axes = plt.subplots(grid, per_row, figsize=size, squeeze=False)
-    for head, ax in enumerate(axes.flat):
-        if head >= heads:
-            ax.axis("off")
-            continue
-        ax.imshow(weights[head], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-        ax.set_title(f"head {head + 1}", fontsize=9)
-        ax.set_xticks(range(len(columns)), columns, rotation=90, fontsize=7)
-        ax.set_yticks(range(len(rows)), rows, fontsize=7)
-        if head % per_row == 0:
-            ax.set_ylabel(row_label, fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def write_heatmaps(maps: dict, out_dir: str) -> List[str]:
-    """Writes one PNG per layer and attention kind; returns their paths."""
-    os.makedirs(out_dir, exist_ok=True)
-    source, output = maps["source_pieces"], maps["output_pieces"]
-    paths = []
-    kinds = (("encoder_self_attention", source, "encoder self-attention", "source"),
-             ("encoder_decoder_attention", output, "encoder-decoder attention", "output"))
-    for key, rows, label, row_label in kinds:
-        for layer, weights in enumerate(maps[key]):
-            path = os.path.join(out_dir, f"{key}_layer{layer + 1}.png")
-            plot_heads(weights, rows, source,
-                       f"{label}, layer {layer + 1}: {maps['translation']!r}", path, row_label)
-            paths.append(path)
-    return paths
-
-
-def _define_flags():
-    # Only when run as a program, so that other programs can import this module.
-    flags.DEFINE_string("saved_model", None, "SavedModel of python -m trainer.export (a version "
-                        "directory, or the export directory to use its highest version).")
-    flags.DEFINE_string("text", None, "The source sentence to translate and draw.")
-    flags.DEFINE_string("out", None, "Directory for the PNG files.")
+flags.DEFINE_string("saved_model", None, "SavedModel of python -m trainer.export (a version "
+                    "directory, or the export directory to use its highest version).")
+flags.DEFINE_string("text", None, "The source sentence to translate and draw.")
+flags.DEFINE_string("out", None, "Directory for the PNG files.")
 
 
 def main(argv):
-    if len(argv) > 1:
-        _fail(f"unexpected arguments {argv[1:]}")
+    del argv
     for name in ("saved_model", "text", "out"):
         if FLAGS[name].value is None:
-            _fail(f"--{name} is required")
+            cli.fail(f"--{name} is required")
     if not FLAGS.text.strip():
-        _fail("--text is empty: nothing to translate")
-    from trainer import translate
+        cli.fail("--text is empty: nothing to translate")
+    from trainer.serving import attention_maps, saved_model
     try:
-        model = translate.load(FLAGS.saved_model)
+        model = saved_model.load(FLAGS.saved_model)
     except (FileNotFoundError, OSError) as e:
-        _fail(str(e))
-    maps = attention_maps(model, FLAGS.text)
+        cli.fail(str(e))
+    maps = attention_maps.attention_maps(model, FLAGS.text)
     if not maps["source_pieces"]:
-        _fail("--text has nothing to translate (no subwords)")
+        cli.fail("--text has nothing to translate (no subwords)")
     print(f"translation: {maps['translation']}")
-    for path in write_heatmaps(maps, FLAGS.out):
+    for path in attention_maps.write_heatmaps(maps, FLAGS.out):
         print(path)
 
 
-def _fail(message: str):
-    print(f"trainer.visualize: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 if __name__ == "__main__":
-    _define_flags()
-    app.run(main)
+    cli.run(main)

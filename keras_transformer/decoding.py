@@ -13,8 +13,8 @@ set of finished hypotheses next to the live beams, the key/value cache gathered 
 beam every step), so it compiles with XLA (`jit_compile=True`) wherever the model's
 `decode_step` does.
 
-Ids are fixed project-wide: pad 0, BOS 2 (position 0 of every target), EOS 3.
-Outputs never contain PAD or BOS before their EOS; every output ends with EOS,
+Ids are the project's (keras_transformer.special_ids): pad 0, BOS 2 (position 0 of
+every target), EOS 3. Outputs never contain PAD or BOS before their EOS; every output ends with EOS,
 which is forced at a sentence's maximum length.
 """
 
@@ -22,10 +22,8 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from keras_transformer.masking import PAD_ID
-
-BOS_ID = 2
-EOS_ID = 3
+from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
+from keras_transformer.transformer import shift_right
 # Section 6.1: outputs are at most input length + 50 tokens.
 EXTRA_LENGTH = 50
 
@@ -80,11 +78,8 @@ def sequence_log_probs(model, source_ids, target_ids):
     """
     source_ids = tf.cast(source_ids, tf.int32)
     target_ids = tf.cast(target_ids, tf.int32)
-    bos = tf.fill(tf.stack([tf.shape(target_ids)[0], 1]), BOS_ID)
-    # Shift right: the input at position t is the target at t - 1 (BOS at 0).
-    target_input_ids = tf.concat([bos, target_ids], axis=1)[:, :-1]
     encoder_output = model.encode(source_ids, training=False)
-    logits = model.decode(target_input_ids, encoder_output, source_ids, training=False)
+    logits = model.decode(shift_right(target_ids), encoder_output, source_ids, training=False)
     log_probs = tf.nn.log_softmax(logits, axis=-1)  # [batch, tgt_len, vocab]
     token_log_probs = tf.gather(log_probs, target_ids, batch_dims=2)  # [batch, tgt_len]
     return tf.reduce_sum(tf.where(target_ids != PAD_ID, token_log_probs, 0.0), axis=1)

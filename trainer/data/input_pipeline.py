@@ -4,8 +4,8 @@ Each pair becomes three int32 sequences (pad id 0, section 3 of the paper feeds
 the decoder its own output shifted right):
 
     source_ids        = pieces(source) + [EOS]
-    target_input_ids  = [BOS] + pieces(target)
     target_output_ids = pieces(target) + [EOS]
+    target_input_ids  = shift_right(target_output_ids) = [BOS] + pieces(target)
 
 and batches have the structure the model and trainer use:
 
@@ -26,43 +26,21 @@ per step over 8 GPUs is about batch_tokens=4096 padded positions per GPU.
 """
 
 import dataclasses
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from trainer import sources as sources_lib
-from trainer import tokenizer as tokenizer_lib
-from trainer.sources import DataError
+from keras_transformer import shift_right
+from keras_transformer.special_ids import EOS_ID, PAD_ID
+from trainer.config import DataConfig
+from trainer.data import sources as sources_lib
+from trainer.data import tokenizer as tokenizer_lib
+from trainer.data.sources import DataError
 
 # Bucket lengths grow by this factor (rounded up to a multiple of 8): at most
 # ~30% padding per bucket, 11 shapes for max_len=256.
 _BUCKET_GROWTH = 1.3
 _TOKENIZE_BATCH = 1024
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelineConfig:
-    """How pairs are turned into batches.
-
-    Attributes:
-      max_len: positions per sequence, BOS/EOS included; longer pairs are dropped.
-      batch_tokens: padded positions per batch and replica, for source and for
-        target each; at least `max_len`.
-      shuffle_buffer: pairs in the training shuffle buffer.
-      seed: shuffle seed; None draws one.
-    """
-
-    max_len: int = 256
-    batch_tokens: int = 4096
-    shuffle_buffer: int = 100_000
-    seed: Optional[int] = None
-
-    def __post_init__(self):
-        if self.max_len < 2:
-            raise DataError(f"max_len must be at least 2 (one piece + BOS/EOS), got {self.max_len}")
-        if self.batch_tokens < self.max_len:
-            raise DataError(f"batch_tokens={self.batch_tokens} is less than max_len={self.max_len}: "
-                            "a longest pair would not fit in a batch")
 
 
 def bucket_lengths(max_len: int) -> List[int]:
@@ -80,29 +58,26 @@ def bucket_batch_sizes(max_len: int, batch_tokens: int) -> List[int]:
 
 
 def _fits(max_len: int, source_length, target_length):
-    """Whether sequences of these lengths (BOS/EOS included) fit `max_len` positions."""
+    """Whether sequences of these lengths (EOS included; BOS + pieces is as long as
+    pieces + EOS) fit `max_len` positions."""
     return (source_length <= max_len) & (target_length <= max_len)
 
 
 def _encode(tokenizers: tokenizer_lib.Tokenizers, source: tf.Tensor, target: tf.Tensor):
-    """Model sequences of a batch of pairs.
+    """Pieces + EOS of a batch of pairs.
 
-    source, target: tf.string [batch] -> (source_ids, target_input_ids,
-    target_output_ids), int32 RaggedTensors [batch, (length)].
+    source, target: tf.string [batch] -> (source_ids, target_output_ids), int32
+    RaggedTensors [batch, (length)].
     """
-    source_pieces = tokenizers.source.tokenize(source)  # [batch, (pieces)]
-    target_pieces = tokenizers.target.tokenize(target)
     batch = tf.shape(source)[:1]
-    eos = tf.RaggedTensor.from_tensor(tf.fill(tf.concat([batch, [1]], 0), tokenizer_lib.EOS_ID))
-    bos = tf.RaggedTensor.from_tensor(tf.fill(tf.concat([batch, [1]], 0), tokenizer_lib.BOS_ID))
-    return (tf.concat([source_pieces, eos], axis=1),
-            tf.concat([bos, target_pieces], axis=1),
-            tf.concat([target_pieces, eos], axis=1))
+    eos = tf.RaggedTensor.from_tensor(tf.fill(tf.concat([batch, [1]], 0), EOS_ID))
+    return (tf.concat([tokenizers.source.tokenize(source), eos], axis=1),
+            tf.concat([tokenizers.target.tokenize(target), eos], axis=1))
 
 
 def examples(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
              max_len: int) -> tf.data.Dataset:
-    """Tokenized examples: (source_ids, target_input_ids, target_output_ids), int32 [(length)] each.
+    """Tokenized examples: (source_ids, target_output_ids), int32 [(length)] each.
 
     Empty pairs are skipped and too long ones dropped, as `count_split` counts them.
     All of it runs vectorized on batches of pairs, in parallel, which are then
@@ -116,8 +91,7 @@ def examples(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
         nonempty = sources_lib.is_nonempty(source, target)
         sequences = _encode(tokenizers, tf.boolean_mask(source, nonempty),
                             tf.boolean_mask(target, nonempty))
-        source_ids, target_input_ids, _ = sequences
-        fits = _fits(max_len, source_ids.row_lengths(), target_input_ids.row_lengths())
+        fits = _fits(max_len, *(ids.row_lengths() for ids in sequences))
         return tuple(tf.ragged.boolean_mask(ids, fits) for ids in sequences)
 
     return (pairs.batch(_TOKENIZE_BATCH)
@@ -125,7 +99,7 @@ def examples(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
             .unbatch())
 
 
-def batches(examples_dataset: tf.data.Dataset, config: PipelineConfig,
+def batches(examples_dataset: tf.data.Dataset, config: DataConfig,
             drop_remainder: bool) -> tf.data.Dataset:
     """Length-bucketed, padded batches ((source_ids, target_input_ids), target_output_ids).
 
@@ -137,26 +111,28 @@ def batches(examples_dataset: tf.data.Dataset, config: PipelineConfig,
     batch_sizes = tf.constant(bucket_batch_sizes(config.max_len, config.batch_tokens), tf.int64)
 
     # The one function tf.data calls per pair; everything else runs per batch.
-    def bucket(source, target_input, _):
-        length = tf.maximum(tf.size(source, tf.int64), tf.size(target_input, tf.int64))
+    def bucket(source, target_output):
+        length = tf.maximum(tf.size(source, tf.int64), tf.size(target_output, tf.int64))
         # The index of the smallest bucket length >= length.
         return tf.searchsorted(lengths, length[None], out_type=tf.int64)[0]
 
     def pad(length, sequences):  # [batch, (length)] -> [batch, length]
-        return sequences.to_tensor(tokenizer_lib.PAD_ID, shape=tf.stack([sequences.nrows(), length]))
+        return sequences.to_tensor(PAD_ID, shape=tf.stack([sequences.nrows(), length]))
+
+    def model_inputs(length, source, target_output):
+        target_output_ids = pad(length, target_output)
+        return (pad(length, source), shift_right(target_output_ids)), target_output_ids
 
     def batch_bucket(key, window):
         return window.batch(batch_sizes[key], drop_remainder).map(
-            lambda source, target_input, target_output: (
-                (pad(lengths[key], source), pad(lengths[key], target_input)),
-                pad(lengths[key], target_output)))
+            lambda source, target_output: model_inputs(lengths[key], source, target_output))
 
     return examples_dataset.group_by_window(bucket, batch_bucket,
                                             window_size_func=lambda key: batch_sizes[key])
 
 
 def train_dataset(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
-                  config: PipelineConfig,
+                  config: DataConfig,
                   input_context: Optional[tf.distribute.InputContext] = None,
                   num_epochs: Optional[int] = None) -> tf.data.Dataset:
     """Shuffled, repeated, prefetched training batches for one replica.
@@ -176,7 +152,7 @@ def train_dataset(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
 
 
 def eval_dataset(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
-                 config: PipelineConfig,
+                 config: DataConfig,
                  input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
     """One deterministic pass of batches over the pairs (partial batches kept)."""
     if input_context is not None and input_context.num_input_pipelines > 1:
@@ -184,12 +160,6 @@ def eval_dataset(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
     dataset = batches(examples(pairs, tokenizers, config.max_len),
                       config, drop_remainder=False)
     return dataset.prefetch(tf.data.AUTOTUNE)
-
-
-def distribute(strategy: tf.distribute.Strategy,
-               dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]):
-    """Per-replica input: `dataset_fn(input_context)` on each input pipeline."""
-    return strategy.distribute_datasets_from_function(dataset_fn)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,8 +185,7 @@ def count_split(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
 
     def count_batch(source, target):
         nonempty = sources_lib.is_nonempty(source, target)  # [batch]
-        source_ids, target_input_ids, _ = _encode(tokenizers, source, target)
-        fits = _fits(max_len, source_ids.row_lengths(), target_input_ids.row_lengths())
+        fits = _fits(max_len, *(ids.row_lengths() for ids in _encode(tokenizers, source, target)))
         return tf.stack([tf.size(source, tf.int64),
                          tf.reduce_sum(tf.cast(~nonempty, tf.int64)),
                          tf.reduce_sum(tf.cast(nonempty & ~fits, tf.int64))])
@@ -234,7 +203,7 @@ class Data:
 
     source: sources_lib.Source
     tokenizers: tokenizer_lib.Tokenizers
-    config: PipelineConfig
+    config: DataConfig
     eval_split: str
     counts: Dict[str, SplitCounts]
 
@@ -260,23 +229,15 @@ class Data:
         return self.source.texts(self.eval_split)
 
 
-def build(source: sources_lib.Source, model_dir: str,
-          config: PipelineConfig = PipelineConfig(),
-          vocab_size: Optional[int] = None,
-          separate_vocabularies: bool = False,
-          model_type: str = "bpe",
-          vocab_sample_pairs: int = 1_000_000,
+def build(source: sources_lib.Source, model_dir: str, config: DataConfig = DataConfig(),
           eval_split: str = "validation") -> Data:
     """Loads or trains the vocabulary and counts the data, ready for training.
 
     Args:
-      source: where the pairs come from (see `trainer.sources.select`).
+      source: where the pairs come from (see `trainer.data.sources.select`).
       model_dir: where the SentencePiece model(s) live (loaded if present).
-      config: max_len, batch_tokens per replica, shuffling.
-      vocab_size, separate_vocabularies, model_type: see
-        `trainer.tokenizer.load_or_train`.
-      vocab_sample_pairs: at most this many training pairs, spread evenly over
-        the split, train the vocabulary.
+      config: the vocabulary (vocab_size, separate_vocabularies, subword_model,
+        vocab_sample_pairs) and the batching (max_len, batch_tokens, shuffling).
       eval_split: the split evaluated during training.
 
     Raises:
@@ -286,8 +247,9 @@ def build(source: sources_lib.Source, model_dir: str,
         if split not in source.splits:
             raise DataError(f"{source.description} has no split {split!r}; it has {source.splits}")
     tokenizers = tokenizer_lib.load_or_train(
-        model_dir, lambda: source.texts("train", vocab_sample_pairs),
-        vocab_size=vocab_size, separate=separate_vocabularies, model_type=model_type)
+        model_dir, lambda: source.texts("train", config.vocab_sample_pairs),
+        vocab_size=config.vocab_size, separate=config.separate_vocabularies,
+        model_type=config.subword_model)
     counts = {split: count_split(source.pairs(split), tokenizers, config.max_len)
               for split in ("train", eval_split)}
     if counts["train"].kept == 0:

@@ -2,7 +2,7 @@
 
 The same `Translator` computes validation BLEU during training and is what the export
 saves, so training-time BLEU and the served model translate identically. Its tf.functions
-are the SavedModel's signatures (trainer/export.py):
+are the SavedModel's signatures (trainer/serving/saved_model.py):
 
   translate      tf.string [batch] -> translations tf.string [batch], scores float32 [batch]
   translate_ids  int32 [batch, src_len] -> ids int32 [batch, width], lengths, scores
@@ -16,14 +16,12 @@ to "", text longer than the model's positions is truncated, invalid UTF-8 is rep
 U+FFFD, and outputs have at most config.max_length - 1 tokens.
 """
 
-from typing import Callable, Dict, List, Sequence
-
 import tensorflow as tf
 
-from keras_transformer import Transformer
-from keras_transformer.beam_search import (BOS_ID, beam_search, length_penalty,
-                                           sequence_log_probs)
-from trainer.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizers
+from keras_transformer import (Transformer, beam_search, length_penalty, sequence_log_probs,
+                               shift_right)
+from keras_transformer.special_ids import EOS_ID, PAD_ID, UNK_ID
+from trainer.data.tokenizer import Tokenizers
 
 _NEG_INF = float("-inf")
 
@@ -99,7 +97,7 @@ class Translator(tf.Module):
           all-padding output, length 0 and score 0.
         """
         config = self.model.config
-        vocab = config.source_vocab_size or config.vocab_size
+        vocab = config.input_vocab_size
         source_ids = source_ids[:, :config.max_length]
         source_ids = tf.where((source_ids < 0) | (source_ids >= vocab), UNK_ID, source_ids)
         # Attention needs at least one key, even when every row is empty.
@@ -183,10 +181,9 @@ class Translator(tf.Module):
         encoder_output, encoder_weights = self.model.encode(
             source_ids, training=False, return_attention_scores=True)
         # Teacher forcing on the output reproduces the attention of every decoding step.
-        bos = tf.fill(tf.stack([tf.shape(output_ids)[0], 1]), BOS_ID)
-        target_input_ids = tf.concat([bos, output_ids], axis=1)[:, :-1]
-        _, cross_weights = self.model.decode(target_input_ids, encoder_output, source_ids,
-                                             training=False, return_attention_scores=True)
+        _, cross_weights = self.model.decode(shift_right(output_ids), encoder_output,
+                                             source_ids, training=False,
+                                             return_attention_scores=True)
         translations = self.target_tokenizer.detokenize(output_ids)
         return {"translations": tf.where(has_input, translations, ""),
                 "source_pieces": self.source_tokenizer.id_to_piece(source_ids),
@@ -200,20 +197,3 @@ class Translator(tf.Module):
 def _valid_utf8(strings):
     """tf.string [batch] with invalid UTF-8 sequences replaced by U+FFFD."""
     return tf.strings.unicode_transcode(strings, "UTF-8", "UTF-8", errors="replace")
-
-
-def translate_texts(translate: Callable[[tf.Tensor], Dict[str, tf.Tensor]],
-                    texts: Sequence[str], batch_size: int = 64,
-                    progress: Callable[[int], None] = None) -> List[str]:
-    """Translates `texts` with `translate` (Translator.translate or a loaded SavedModel's
-    signature) in batches of similar length, returning them in the input order."""
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    out = [""] * len(texts)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        result = translate(tf.constant([texts[i] for i in chunk]))
-        for i, text in zip(chunk, result["translations"].numpy()):
-            out[i] = text.decode("utf-8")
-        if progress is not None:
-            progress(min(start + batch_size, len(order)))
-    return out

@@ -7,8 +7,7 @@ applied with `tensorflow_text.SentencepieceTokenizer`, so tokenization is a grap
 op: the tf.data pipeline and an exported SavedModel run the same code on the same
 model bytes.
 
-Ids are fixed project-wide (the model treats id 0 as padding):
-  PAD_ID = 0, UNK_ID = 1, BOS_ID = 2, EOS_ID = 3.
+Ids are the project's (`keras_transformer.special_ids`): PAD 0, UNK 1, BOS 2, EOS 3.
 
 Normalisation. SentencePiece's default `nmt_nfkc` rule is applied before
 segmentation: Unicode NFKC (e.g. the ligature "ﬁ" -> "fi", full-width letters ->
@@ -32,10 +31,8 @@ import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-PAD_ID = 0
-UNK_ID = 1
-BOS_ID = 2
-EOS_ID = 3
+from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from trainer.config import SUBWORD_MODELS
 
 # The paper's shared en-de vocabulary (section 5.1).
 PAPER_VOCAB_SIZE = 37000
@@ -45,8 +42,6 @@ _FIXED_PIECES = 4 + 256
 SHARED_MODEL = "spm.model"
 SOURCE_MODEL = "spm_source.model"
 TARGET_MODEL = "spm_target.model"
-
-MODEL_TYPES = ("bpe", "unigram")
 
 
 class VocabularyError(ValueError):
@@ -86,8 +81,8 @@ def train_sentencepiece(sentences: Sequence[str], vocab_size: Optional[int] = No
         the text cannot support it; an explicit size it cannot reach is an error.
       model_type: "bpe" (the paper) or "unigram".
     """
-    if model_type not in MODEL_TYPES:
-        raise VocabularyError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+    if model_type not in SUBWORD_MODELS:
+        raise VocabularyError(f"model_type must be one of {SUBWORD_MODELS}, got {model_type!r}")
     sentences = [s for s in sentences if s.strip()]
     if not sentences:
         raise VocabularyError("no non-empty sentences to train the vocabulary on")

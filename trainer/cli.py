@@ -1,0 +1,75 @@
+"""What the command-line programs share: how they start, fail, read lines and report
+progress. Only the programs (trainer/task.py, translate.py, evaluate.py, export.py,
+average.py, visualize.py) import this module; the code below them takes plain arguments.
+"""
+
+import sys
+import time
+from typing import BinaryIO, Callable, List
+
+from absl import app, flags
+
+from trainer import console
+
+
+def program() -> str:
+    """The running program as its user typed it, e.g. "trainer.task"."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    return spec.name if spec is not None else sys.argv[0]
+
+
+def fail(message: str, status: int = 2):
+    """Ends the program with one line on stderr: "<program>: error: <message>".
+
+    Status 2 is for what the user can fix before any work (flags, files); 1 for a run
+    that started and could not go on.
+    """
+    print(f"{program()}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
+def run(main: Callable[[List[str]], None]):
+    """absl's app.run(main), with TensorFlow's start-up lines hidden unless --verbosity
+    or TF_CPP_MIN_LOG_LEVEL asks for them (trainer/console.py), and any extra
+    positional argument refused."""
+
+    def checked_main(argv):
+        if len(argv) > 1:
+            fail(f"unexpected arguments {argv[1:]}")
+        if not console.verbose_requested(flags.FLAGS["verbosity"].present):
+            console.quiet()
+        main(argv)
+
+    app.run(checked_main)
+
+
+def read_lines(stream: BinaryIO) -> List[bytes]:
+    """Lines of a binary stream, split at "\\n" only, without their line ends ("\\r\\n"
+    too); the bytes are kept as they are, so invalid UTF-8 reaches the model, which reads
+    it as U+FFFD."""
+    lines = stream.read().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return [line.rstrip(b"\r") for line in lines]
+
+
+def read_text(path: str) -> List[str]:
+    """`read_lines` of a file, decoded from UTF-8 (invalid bytes replaced)."""
+    with open(path, "rb") as f:
+        return [line.decode("utf-8", errors="replace") for line in read_lines(f)]
+
+
+class Progress:
+    """Writes "translated n/total (s/s)" to stderr at most once a second and at the end."""
+
+    def __init__(self, total: int, stream=None):
+        self.total, self.stream = total, stream
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, done: int):
+        now = time.monotonic()
+        if now - self.last >= 1.0 or done == self.total:
+            rate = done / max(now - self.start, 1e-9)
+            print(f"translated {done}/{self.total} ({rate:.1f} sentences/s)",
+                  file=self.stream or sys.stderr, flush=True)
+            self.last = now

@@ -1,0 +1,149 @@
+"""What to train on and how: `DataConfig` and `RunConfig`, next to the model's own
+`keras_transformer.TransformerConfig`.
+
+These three dataclasses are everything `python -m trainer.task` passes down; its flags take
+their defaults from the fields here, so a default is written once. Pure Python (no
+TensorFlow), so flags are checked before TensorFlow starts.
+"""
+
+import dataclasses
+import os
+from typing import Optional
+
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+SUBWORD_MODELS = ("bpe", "unigram")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the sentence pairs come from, the vocabulary, and how pairs become batches.
+
+    Attributes:
+      dataset: None or "builtin" for the builtin number-words corpus, or
+        "tfds:<builder>/<config>" (e.g. "tfds:wmt14_translate/de-en"). Ignored when text
+        files are given.
+      train_src, train_tgt, eval_src, eval_tgt: parallel UTF-8 text files, one sentence a
+        line (".gz" read as gzip); all four or none.
+      source_lang, target_lang: the direction, for the builtin corpus and TFDS.
+      tfds_data_dir: TFDS data directory (None: TFDS's default).
+      vocab_size: SentencePiece pieces; None sizes the vocabulary to the corpus
+        (`trainer.data.tokenizer.default_vocab_size`, 37000 for WMT-sized data).
+      separate_vocabularies: a source and a target vocabulary instead of the shared one
+        of section 5.1.
+      subword_model: "bpe" (the paper's byte-pair encoding) or "unigram".
+      vocab_sample_pairs: at most this many training pairs, spread evenly over the
+        split, train the vocabulary.
+      max_len: positions per sequence, BOS/EOS included; longer pairs are dropped and
+        counted.
+      batch_tokens: padded positions per batch and replica, for source and for target
+        each; at least `max_len`. The paper's ~25k tokens per side over 8 GPUs is 4096.
+      shuffle_buffer: pairs in the training shuffle buffer.
+      seed: the order of the training stream and the builtin corpus (None: random).
+    """
+
+    dataset: Optional[str] = None
+    train_src: Optional[str] = None
+    train_tgt: Optional[str] = None
+    eval_src: Optional[str] = None
+    eval_tgt: Optional[str] = None
+    source_lang: str = "en"
+    target_lang: str = "de"
+    tfds_data_dir: Optional[str] = None
+    vocab_size: Optional[int] = None
+    separate_vocabularies: bool = False
+    subword_model: str = "bpe"
+    vocab_sample_pairs: int = 1_000_000
+    max_len: int = 64
+    batch_tokens: int = 2048
+    shuffle_buffer: int = 100_000
+    seed: Optional[int] = 0
+
+    def __post_init__(self):
+        if self.subword_model not in SUBWORD_MODELS:
+            raise ValueError(f"subword_model must be one of {SUBWORD_MODELS}, "
+                             f"got {self.subword_model!r}")
+        if self.max_len < 2:
+            raise ValueError(f"max_len must be at least 2 (one piece + BOS/EOS), "
+                             f"got {self.max_len}")
+        if self.batch_tokens < self.max_len:
+            raise ValueError(f"batch_tokens={self.batch_tokens} is less than "
+                             f"max_len={self.max_len}: a longest pair would not fit in a batch")
+
+    @property
+    def text_files(self) -> dict:
+        """{"train": (source, target), "validation": (source, target)} as given."""
+        return {"train": (self.train_src, self.train_tgt),
+                "validation": (self.eval_src, self.eval_tgt)}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """How to train, as opposed to what (TransformerConfig) and on what (DataConfig).
+
+    Attributes:
+      model_dir: checkpoints, vocabulary, config.json and TensorBoard summaries; a second
+        run on the same directory resumes.
+      export_dir: where the SavedModel versions go after training (None: no export).
+      train_steps: total optimiser updates; a resumed run stops at the same total.
+      precision: one of PRECISIONS; None takes the machine's default
+        (`trainer.training.distribute.default_precision`).
+      jit_compile: XLA-compile the forward and backward pass.
+      accum_steps: microbatches per update and replica.
+      num_cpu_replicas: split the CPU into this many logical devices and mirror over
+        them (multi-replica training without GPUs); 0 or 1: one device.
+      warmup_steps, learning_rate_scale: the schedule of section 5.3.
+      eval_every, checkpoint_every, keep_checkpoints, log_every: in updates.
+      beam_size, alpha: beam search for validation BLEU and the export (section 6.1).
+      bleu_sentences: validation sentences translated for BLEU (0: all).
+      bleu_tokenize: sacreBLEU's tokenizer for validation BLEU ("13a"; the builtin
+        corpus always uses "char").
+      max_train_minutes: wall-time budget of this invocation's training loop (0: none);
+        when spent, training checkpoints and stops before train_steps.
+      average_last: export the mean of the last N checkpoints (section 6.1: 5 for base,
+        20 for big; 0: the last checkpoint).
+      seed: initial weights and dropout.
+    """
+
+    model_dir: str
+    export_dir: Optional[str] = None
+    train_steps: int = 1000
+    precision: Optional[str] = None
+    jit_compile: bool = False
+    accum_steps: int = 1
+    num_cpu_replicas: int = 0
+    warmup_steps: int = 400
+    learning_rate_scale: float = 1.0
+    eval_every: int = 500
+    checkpoint_every: int = 250
+    keep_checkpoints: int = 5
+    log_every: int = 10
+    beam_size: int = 4
+    alpha: float = 0.6
+    bleu_sentences: int = 500
+    bleu_tokenize: str = "13a"
+    max_train_minutes: float = 0.0
+    average_last: int = 0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        for name in ("train_steps", "accum_steps", "eval_every", "checkpoint_every",
+                     "keep_checkpoints", "log_every", "beam_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("num_cpu_replicas", "bleu_sentences", "max_train_minutes",
+                     "average_last"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+
+
+def default_run_name(preset: str, data_config: DataConfig) -> str:
+    """<preset>_<data>: the name of a run's default model and export directories, e.g.
+    "small_multi30k" for text files in a multi30k directory."""
+    if data_config.train_src:
+        data = (os.path.basename(os.path.dirname(os.path.abspath(data_config.train_src)))
+                or "files")
+    else:
+        data = (data_config.dataset or "builtin").replace("tfds:", "").replace("/", "-")
+    return f"{preset}_{data}"

@@ -1,0 +1,2 @@
+"""Text to batches: the builtin corpus, the sources of sentence pairs, the SentencePiece
+vocabulary and the tf.data input pipeline."""

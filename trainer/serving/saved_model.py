@@ -1,0 +1,125 @@
+"""The SavedModel on disk: write a model directory's model as a new version, find the
+version to serve, load it.
+
+Layout, as TF Serving expects:
+
+  <export_dir>/<version>/saved_model.pb, variables/
+  <export_dir>/<version>/assets/spm.model            the vocabulary (or spm_source/target.model)
+  <export_dir>/<version>/assets.extra/tf_serving_warmup_requests
+  <export_dir>/<version>/assets.extra/export.json    checkpoints, beam settings, model config
+
+The version is one more than the highest already in export_dir (1 for a new one). The
+export is written to `<export_dir>/.tmp-<version>-<pid>` and renamed, so a server polling
+export_dir never sees a half-written version.
+
+Signatures (inputs -> outputs; trainer/serving/signatures.py has the details):
+
+  serving_default  inputs tf.string [batch] -> translations tf.string [batch],
+                   scores float32 [batch]
+  translate_ids    source_ids int32 [batch, src_len] -> ids int32 [batch, width],
+                   lengths int32 [batch], scores float32 [batch]
+  nbest            inputs tf.string [batch] -> translations tf.string [batch, beam],
+                   scores float32 [batch, beam], log_probs float32 [batch, beam]
+  score            inputs, targets tf.string [batch] -> log_probs, scores float32 [batch],
+                   lengths int32 [batch]
+  attention        inputs tf.string [batch] -> translations, source_pieces, output_pieces,
+                   their lengths, encoder_self_attention, encoder_decoder_attention
+
+Tokenization runs inside the graph (tensorflow_text SentencePiece), so a client sends and
+receives plain text; the graph holds only core TensorFlow and tensorflow_text ops.
+"""
+
+import json
+import os
+import re
+import shutil
+from typing import List, Tuple
+
+import tensorflow as tf
+
+from trainer.data import tokenizer as tokenizer_lib
+from trainer.serving import warmup
+from trainer.serving.signatures import Translator
+from trainer.training import checkpoint_averaging
+
+SIGNATURES = warmup.SIGNATURES
+INFO_FILE = "export.json"
+
+
+def versions(export_dir: str) -> List[int]:
+    """The integer versions in export_dir, ascending."""
+    if not tf.io.gfile.isdir(export_dir):
+        return []
+    names = (name.rstrip("/") for name in tf.io.gfile.listdir(export_dir))
+    return sorted(int(name) for name in names if re.fullmatch(r"\d+", name))
+
+
+def resolve(saved_model: str) -> str:
+    """A SavedModel directory: `saved_model` itself if it holds saved_model.pb, else its
+    highest version (what TF Serving would serve)."""
+    if tf.io.gfile.exists(os.path.join(saved_model, "saved_model.pb")):
+        return saved_model
+    found = versions(saved_model)
+    if not found:
+        raise FileNotFoundError(f"{saved_model} holds neither saved_model.pb nor a version "
+                                "directory; export one with python -m trainer.export")
+    return os.path.join(saved_model, str(found[-1]))
+
+
+def load(saved_model: str):
+    """The SavedModel at `saved_model` (a version, or an export directory's highest)."""
+    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
+    return tf.saved_model.load(resolve(saved_model))
+
+
+def build_translator(model_dir: str, beam_size: int = 4, alpha: float = 0.6,
+                     average_last: int = 0) -> Tuple[Translator, List[str]]:
+    """(Translator of the float32 model of model_dir, checkpoint prefixes it comes from):
+    the latest checkpoint, or the mean of the last `average_last` ones."""
+    model, paths = checkpoint_averaging.final_model(model_dir, average_last)
+    tokenizers = tokenizer_lib.load_or_train(model_dir, None)
+    return Translator(model, tokenizers, beam_size=beam_size, alpha=alpha), paths
+
+
+def export(model_dir: str, export_dir: str, beam_size: int = 4, alpha: float = 0.6,
+           average_last: int = 0) -> str:
+    """Exports model_dir's model as the next version in export_dir; returns its path."""
+    translator, checkpoints = build_translator(model_dir, beam_size, alpha, average_last)
+    # The vocabulary travels as an asset (assets/<name>) for clients that tokenize
+    # themselves (translate_ids); the graph carries its own copy inside the tf-text op.
+    for role, tok in (("source", translator.source_tokenizer),
+                      ("target", translator.target_tokenizer)):
+        setattr(translator, f"{role}_vocabulary", tf.saved_model.Asset(tok.path))
+    signatures = {name: getattr(translator, "translate" if name == "serving_default" else name
+                                ).get_concrete_function() for name in SIGNATURES}
+    info = {"model_dir": os.path.abspath(model_dir), "checkpoints": checkpoints,
+            "beam_size": beam_size, "alpha": alpha,
+            "model": translator.model.config.to_dict(),
+            "signatures": list(signatures)}
+
+    tf.io.gfile.makedirs(export_dir)
+    version = (versions(export_dir) or [0])[-1] + 1
+    # The pid keeps two concurrent exports out of each other's staging directory.
+    staging = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        tf.saved_model.save(translator, staging, signatures=signatures)
+        extra = os.path.join(staging, "assets.extra")
+        tf.io.gfile.makedirs(extra)
+        warmup.write(os.path.join(extra, warmup.FILE),
+                     os.path.basename(os.path.abspath(export_dir)))
+        while True:
+            with tf.io.gfile.GFile(os.path.join(extra, INFO_FILE), "w") as f:
+                json.dump({**info, "version": version}, f, indent=2)
+            final = os.path.join(export_dir, str(version))
+            try:
+                # Atomic; fails if `final` exists and is not empty, i.e. another export
+                # took this version meanwhile: then take the next one.
+                os.rename(staging, final)
+                return final
+            except OSError:
+                if not os.path.isdir(final):
+                    raise
+                version += 1
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

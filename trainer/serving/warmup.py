@@ -1,0 +1,48 @@
+"""TF Serving warmup requests: `assets.extra/tf_serving_warmup_requests`, one request per
+signature, which TF Serving replays when it loads a version, so the first real request
+does not pay for tracing and memory allocation."""
+
+from typing import Sequence
+
+import tensorflow as tf
+
+SIGNATURES = ("serving_default", "translate_ids", "nbest", "score", "attention")
+FILE = "tf_serving_warmup_requests"
+# Short, empty and repeated text, so every signature runs once before the first request.
+TEXTS = ("A man is riding a bicycle.", "", "twenty one")
+
+
+def requests(model_name: str, texts: Sequence[str] = TEXTS):
+    """PredictRequest protos (tensorflow_serving.apis), one per signature, on `texts`."""
+    from tensorflow_serving.apis import predict_pb2
+
+    texts = [t.encode("utf-8") for t in texts]
+    inputs = {
+        "serving_default": {"inputs": texts},
+        # Pieces + EOS (3), an empty row, a shorter row.
+        "translate_ids": {"source_ids": tf.constant([[5, 6, 3], [0, 0, 0], [7, 3, 0]],
+                                                    tf.int32)},
+        "nbest": {"inputs": texts},
+        "score": {"inputs": texts, "targets": list(reversed(texts))},
+        "attention": {"inputs": texts},
+    }
+    out = []
+    for signature in SIGNATURES:
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = model_name
+        request.model_spec.signature_name = signature
+        for name, value in inputs[signature].items():
+            request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+        out.append(request)
+    return out
+
+
+def write(path: str, model_name: str):
+    """Writes the warmup file: a TFRecord of PredictionLog protos."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    with tf.io.TFRecordWriter(path) as writer:
+        for request in requests(model_name):
+            log = prediction_log_pb2.PredictionLog(
+                predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())

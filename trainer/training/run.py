@@ -1,0 +1,93 @@
+"""The main job as a Python call: `train_and_export(model_config, data_config, run)`
+does what `python -m trainer.task` does, from plain configs (trainer/config.py).
+
+    strategy -> data (vocabulary, counts) -> config.json -> model, optimizer, checkpoints
+    -> Trainer.train() with validation -> SavedModel export (the chief)
+"""
+
+import dataclasses
+from typing import Callable, Optional
+
+import keras
+
+from keras_transformer import Transformer, TransformerConfig
+from trainer.config import DataConfig, RunConfig
+from trainer.data import input_pipeline, sources
+from trainer.data.tokenizer import Tokenizers
+from trainer.serving import saved_model
+from trainer.training import distribute, model_dir as model_dir_lib
+from trainer.training.checkpointing import Checkpointer
+from trainer.training.validation import Validator
+from trainer.training.trainer import Trainer, make_optimizer
+
+
+def sized_to_vocabulary(model_config: TransformerConfig,
+                        tokenizers: Tokenizers) -> TransformerConfig:
+    """The model config with the vocabulary's size; separate vocabularies give the
+    source its own embedding (share_embeddings=False)."""
+    if tokenizers.shared:
+        return dataclasses.replace(model_config, vocab_size=tokenizers.target.vocab_size)
+    return dataclasses.replace(model_config, vocab_size=tokenizers.target.vocab_size,
+                               share_embeddings=False,
+                               source_vocab_size=tokenizers.source.vocab_size)
+
+
+def build_trainer(model_config: TransformerConfig, data: input_pipeline.Data, run: RunConfig,
+                  strategy, validator_args: Optional[dict] = None,
+                  log: Callable[[str], None] = print) -> Trainer:
+    """A Trainer given its parts: the model (run.precision) and optimizer built in the
+    strategy's scope, its checkpointer and, with `validator_args` (Validator's keyword
+    arguments), its validator on the chief."""
+    with strategy.scope():
+        model = Transformer(model_config, dtype=run.precision or "float32")
+        model.build()
+        optimizer = make_optimizer(model_config, run)
+        optimizer.build(model.trainable_variables)
+    checkpointer = Checkpointer(model, optimizer, run.model_dir, run.keep_checkpoints)
+    validator = None
+    if validator_args is not None and distribute.is_chief():
+        validator = Validator(model, data, run.model_dir, log=log, **validator_args)
+    return Trainer(model, optimizer, data, strategy, run, checkpointer, validator, log)
+
+
+def train_and_export(model_config: TransformerConfig, data_config: DataConfig, run: RunConfig,
+                     log: Callable[[str], None] = print) -> Optional[str]:
+    """Trains (or resumes) the run in run.model_dir and exports it to run.export_dir.
+
+    model_config's vocabulary size is replaced by the trained vocabulary's.
+    Returns the export's path (None without run.export_dir, or on another worker than
+    the chief). Raises DataError, VocabularyError or ValueError (the data or model
+    directory cannot serve this run) before training, TrainingError during it.
+    """
+    strategy = distribute.make_strategy(run.num_cpu_replicas)
+    run = dataclasses.replace(run, precision=run.precision or distribute.default_precision())
+    # Before the tokenizer exists: seeding clears TF's kernel cache, which holds the
+    # tensorflow_text SentencePiece resource.
+    keras.utils.set_random_seed(run.seed)
+    source = sources.select(data_config)
+    data = input_pipeline.build(source, run.model_dir, data_config)
+    log(f"data: {data.report}")
+    model_config = sized_to_vocabulary(model_config, data.tokenizers)
+    model_dir_lib.save_config(run.model_dir, model_config)
+    builtin = isinstance(source, sources.BuiltinSource)
+    validator_args = dict(beam_size=run.beam_size, alpha=run.alpha,
+                          bleu_sentences=run.bleu_sentences,
+                          bleu_tokenize="char" if builtin else run.bleu_tokenize)
+    trainer = build_trainer(model_config, data, run, strategy, validator_args, log)
+    log(f"model: {model_config.num_layers} layers, d_model {model_config.d_model}, "
+        f"{model_config.num_heads} heads, d_ff {model_config.d_ff}, vocabulary "
+        f"{model_config.vocab_size} ({trainer.model.count_params() / 1e6:.2f}M parameters); "
+        f"{strategy.num_replicas_in_sync} replica(s), {run.precision}; "
+        f"model_dir {run.model_dir}")
+    if builtin:
+        log("validation BLEU counts character n-grams: the builtin targets are 1-3 German words")
+    results = trainer.train()
+    if results:
+        log("final: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(results.items())))
+    if run.export_dir is None or not distribute.is_chief():
+        return None
+    path = saved_model.export(run.model_dir, run.export_dir, beam_size=run.beam_size,
+                              alpha=run.alpha, average_last=run.average_last)
+    log(f"exported SavedModel to {path}")
+    return path
+

@@ -1,0 +1,79 @@
+"""Validation during training: the label-smoothed loss and token accuracy over the
+validation split, and sacreBLEU, chrF and exact match of beam search on its sentences,
+through the same graph the export serves. Written to `<model_dir>/eval` for TensorBoard."""
+
+import os
+from typing import Callable, Dict
+
+import tensorflow as tf
+
+from keras_transformer import Transformer, correct_tokens, label_smoothed_cross_entropy
+from trainer.data.input_pipeline import Data
+from trainer.serving.client import translate_texts
+from trainer.serving.signatures import Translator
+from trainer.training import bleu
+
+
+class Validator:
+    """Validates one model; calling it with a step returns and records the metrics.
+
+    Args:
+      model: the Transformer being trained (any dtype policy).
+      data: the run's data (validation batches, texts and tokenizers).
+      model_dir: summaries go to <model_dir>/eval.
+      beam_size, alpha: beam search for BLEU (section 6.1: 4 and 0.6).
+      bleu_sentences: how many validation sentences to translate (0: all); None skips
+        translation (loss and accuracy only).
+      bleu_tokenize: sacreBLEU's tokenizer ("13a", or "char" for the builtin corpus).
+      log: where the one-time line naming the BLEU signature goes.
+    """
+
+    def __init__(self, model: Transformer, data: Data, model_dir: str, beam_size: int = 4,
+                 alpha: float = 0.6, bleu_sentences=0, bleu_tokenize: str = "13a",
+                 log: Callable[[str], None] = print):
+        self.model, self.data, self.log = model, data, log
+        self.forward = tf.function(lambda source_ids, target_input_ids: model(
+            (source_ids, target_input_ids), training=False), reduce_retracing=True)
+        self.writer = tf.summary.create_file_writer(os.path.join(model_dir, "eval"))
+        self.translator = None
+        if bleu_sentences is not None:
+            sources, references = data.eval_texts()
+            if bleu_sentences:
+                sources, references = sources[:bleu_sentences], references[:bleu_sentences]
+            self.sources, self.references = list(sources), list(references)
+            self.translator = Translator(model, data.tokenizers, beam_size, alpha)
+            self.bleu_tokenize = bleu_tokenize
+            self.signature = None
+
+    def validation_loss(self) -> Dict[str, float]:
+        """Label-smoothed loss and token accuracy over one pass of the validation split."""
+        loss_sum = tokens = correct = 0.0
+        for (source_ids, target_input_ids), target_output_ids in self.data.eval_dataset():
+            logits = self.forward(source_ids, target_input_ids)
+            batch_loss, batch_tokens = label_smoothed_cross_entropy(
+                target_output_ids, logits, self.model.config.label_smoothing)
+            loss_sum += float(batch_loss)
+            tokens += float(batch_tokens)
+            correct += float(correct_tokens(target_output_ids, logits))
+        return {"loss": loss_sum / max(tokens, 1.0), "token_accuracy": correct / max(tokens, 1.0)}
+
+    def translation_scores(self) -> Dict[str, float]:
+        """BLEU, chrF and exact match of beam search on the validation sentences."""
+        hypotheses = translate_texts(self.translator.translate, self.sources)
+        scores = bleu.corpus_scores(hypotheses, self.references, tokenize=self.bleu_tokenize)
+        if self.signature is None:
+            self.signature = str(scores["bleu"][1])
+            self.log(f"validation BLEU: sacreBLEU {self.signature} on {len(self.sources)} "
+                     "sentences")
+        return {"bleu": scores["bleu"][0].score, "chrf": scores["chrf"][0].score,
+                "exact_match": scores["exact_match"][0]}
+
+    def __call__(self, step: int) -> Dict[str, float]:
+        metrics = self.validation_loss()
+        if self.translator is not None:
+            metrics.update(self.translation_scores())
+        with self.writer.as_default(step=step):
+            for name, value in metrics.items():
+                tf.summary.scalar(name, value)
+        self.writer.flush()
+        return metrics
