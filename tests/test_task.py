@@ -130,6 +130,9 @@ def test_flags_are_checked_without_tensorflow():
      "--train_src=/nonexistent/train.en: no such file"),
     (["--max_len=128", "--batch_tokens=64"], "batch_tokens=64 is less than max_len=128"),
     (["--hparams=d_modle=3"], "unknown field 'd_modle'"),
+    (["--batch_tokens=many"], "flag --batch_tokens=many: invalid literal"),
+    (["--precision=fp8"], "value should be one of"),
+    (["--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
 ])
 def test_bad_flags_give_a_one_line_error_before_any_work(tmp_path, flags, expected):
     model_dir = tmp_path / "run"

@@ -30,8 +30,14 @@ def fail(message: str, status: int = 2):
 
 def run(main: Callable[[List[str]], None]):
     """absl's app.run(main), with TensorFlow's start-up lines hidden unless --verbosity
-    or TF_CPP_MIN_LOG_LEVEL asks for them (trainer/console.py), and any extra
-    positional argument refused."""
+    or TF_CPP_MIN_LOG_LEVEL asks for them (trainer/console.py), a flag absl cannot parse
+    reported as one line with status 2, and any extra positional argument refused."""
+
+    def parse(argv):
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as e:
+            fail(str(e))
 
     def checked_main(argv):
         if len(argv) > 1:
@@ -40,7 +46,7 @@ def run(main: Callable[[List[str]], None]):
             console.quiet()
         main(argv)
 
-    app.run(checked_main)
+    app.run(checked_main, flags_parser=parse)
 
 
 def read_lines(stream: BinaryIO) -> List[bytes]:
