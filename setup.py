@@ -26,6 +26,10 @@ setup(
         "tensorflow-serving-api>=2.21,<2.22",
         "matplotlib>=3.7",
     ],
-    extras_require={"test": ["pytest>=8"]},
+    extras_require={
+        "ctranslate2": ["ctranslate2>=4.5,<5"],
+        # the CTranslate2 export is tested against the real runtime
+        "test": ["pytest>=8", "ctranslate2>=4.5,<5"],
+    },
     license="Apache-2.0",
 )

@@ -1,6 +1,11 @@
-"""python -m trainer.export --model_dir=DIR [--export_dir=DIR] [--average_last=N]: write a
-model directory's model as the next SavedModel version, for TF Serving or any TensorFlow
-program with tensorflow_text (layout and signatures: trainer/serving/saved_model.py).
+"""python -m trainer.export --model_dir=DIR [--export_dir=DIR] [--average_last=N]
+[--format=saved_model|ctranslate2] [--quantization=int8|int16|float32]: write a model
+directory's model for serving.
+
+--format=saved_model (the default) writes the next SavedModel version, for TF Serving or
+any TensorFlow program with tensorflow_text (layout and signatures:
+trainer/serving/saved_model.py). --format=ctranslate2 writes a CTranslate2 model directory
+(trainer/serving/ctranslate2_export.py; needs `pip install -e ".[ctranslate2]"`).
 """
 
 import os
@@ -9,14 +14,21 @@ from absl import flags
 
 from trainer import cli
 
+FORMATS = ("saved_model", "ctranslate2")
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Model directory of python -m trainer.task.")
-flags.DEFINE_string("export_dir", None, "Where versions go (default "
-                    "saved_models/<name of model_dir>).")
+flags.DEFINE_enum("format", "saved_model", FORMATS, "What to write: a SavedModel version "
+                  "(TF Serving) or a CTranslate2 model directory.")
+flags.DEFINE_string("export_dir", None, "Where SavedModel versions go (default "
+                    "saved_models/<name of model_dir>), or the CTranslate2 model directory "
+                    "(default saved_models/<name of model_dir>-ctranslate2-<quantization>).")
 flags.DEFINE_integer("average_last", 0, "Export the mean of the last N checkpoints "
                      "(paper: 5 for base, 20 for big); 0 exports the latest.")
-flags.DEFINE_integer("beam_size", 4, "Beam size of every signature (and k of nbest).")
-flags.DEFINE_float("alpha", 0.6, "Length penalty exponent.")
+flags.DEFINE_integer("beam_size", 4, "SavedModel: beam size of every signature (and k of "
+                     "nbest). CTranslate2 takes it per request.")
+flags.DEFINE_float("alpha", 0.6, "SavedModel: length penalty exponent.")
+flags.DEFINE_string("quantization", "int8", "CTranslate2: the weights' type (int8, "
+                    "int8_float32, int16, float32, bfloat16, int8_bfloat16).")
 
 
 def main(argv):
@@ -25,8 +37,27 @@ def main(argv):
         cli.fail("--model_dir is required")
     if FLAGS.beam_size < 1 or FLAGS.average_last < 0:
         cli.fail("--beam_size must be at least 1 and --average_last at least 0")
-    export_dir = FLAGS.export_dir or os.path.join(
-        "saved_models", os.path.basename(os.path.normpath(FLAGS.model_dir)))
+    name = os.path.basename(os.path.normpath(FLAGS.model_dir))
+    if FLAGS.format == "ctranslate2":
+        try:
+            import ctranslate2  # noqa: F401
+        except ImportError:
+            cli.fail('--format=ctranslate2 needs the ctranslate2 extra: '
+                     'pip install -e ".[ctranslate2]"')
+        export_dir = FLAGS.export_dir or os.path.join(
+            "saved_models", f"{name}-ctranslate2-{FLAGS.quantization}")
+        from trainer.data import tokenizer as tokenizer_lib
+        from trainer.serving import ctranslate2_export
+        from trainer.training import checkpoint_averaging
+        try:
+            model, _ = checkpoint_averaging.final_model(FLAGS.model_dir, FLAGS.average_last)
+            tokenizers = tokenizer_lib.load_or_train(FLAGS.model_dir, None)
+            path = ctranslate2_export.export(model, tokenizers, export_dir, FLAGS.quantization)
+        except (FileNotFoundError, ValueError) as e:
+            cli.fail(str(e))
+        print(f"exported CTranslate2 model ({FLAGS.quantization}) to {path}")
+        return
+    export_dir = FLAGS.export_dir or os.path.join("saved_models", name)
     from trainer.serving import saved_model
     try:
         path = saved_model.export(FLAGS.model_dir, export_dir, FLAGS.beam_size, FLAGS.alpha,

@@ -1,0 +1,138 @@
+"""The CTranslate2 export computes the model we trained: CTranslate2's search over the
+converted weights gives the SavedModel's translations."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, _env, run, sources
+
+import ctranslate2  # in the test extra
+pytestmark = pytest.mark.slow
+
+# Keeps CTranslate2 off PAD and BOS, which our search never emits.
+SUPPRESS = [["<pad>"], ["<s>"]]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny model trained until it translates the builtin corpus (validation BLEU ~98),
+    exported as a SavedModel and as a float32 CTranslate2 model by the real CLIs."""
+    root = tmp_path_factory.mktemp("ct2")
+    model_dir, export_dir, ct2_dir = root / "model", root / "export", root / "ct2"
+    run([sys.executable, "-m", "trainer.task", "--train_steps=600", "--warmup_steps=200",
+         "--eval_every=600", "--checkpoint_every=600", "--bleu_sentences=20",
+         "--log_every=600", f"--model_dir={model_dir}", f"--export_dir={export_dir}"],
+        cwd=root, env=_env())
+    result = run([sys.executable, "-m", "trainer.export", f"--model_dir={model_dir}",
+                  "--format=ctranslate2", "--quantization=float32", f"--export_dir={ct2_dir}"],
+                 cwd=REPO, env=_env())
+    assert str(ct2_dir) in result.stdout.decode()
+    return model_dir, export_dir / "1", ct2_dir
+
+
+def _ct2_translate(model_dir, texts, beam_size, alpha, max_decoding_length):
+    """CTranslate2's best hypothesis of each text, as pieces, tokenized by the exported
+    spm.model as the README's serving example does."""
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=str(model_dir / "spm.model"))
+    translator = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=2)
+    results = translator.translate_batch(
+        [sp.encode(t, out_type=str) for t in texts], beam_size=beam_size,
+        length_penalty=alpha, max_decoding_length=max_decoding_length,
+        min_decoding_length=0, suppress_sequences=SUPPRESS)
+    return sp, [r.hypotheses[0] for r in results]
+
+
+def test_ctranslate2_beam_search_agrees_with_the_saved_model(trained):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+    _, saved_model, ct2_dir = trained
+    texts = sources(200)
+    loaded = tf.saved_model.load(str(saved_model))
+    ours = [t.decode() for t in loaded.signatures["serving_default"](
+        inputs=tf.constant(texts))["translations"].numpy()]
+    sp, theirs = _ct2_translate(ct2_dir, texts, 4, 0.6, 127)
+    theirs = [sp.decode(pieces) for pieces in theirs]
+    # The length penalties differ (ours ((5 + len) / 6)^alpha, CTranslate2's len^alpha) and
+    # so do the maximum lengths (ours per sentence), so a few sentences may end differently.
+    agree = np.mean([a == b for a, b in zip(ours, theirs)])
+    assert agree >= 0.95, [(a, b) for a, b in zip(ours, theirs) if a != b][:5]
+
+
+def test_with_beam_1_and_alpha_0_the_outputs_are_identical_token_for_token(trained):
+    import tensorflow as tf
+    from keras_transformer import beam_search
+    from trainer.serving import saved_model
+    model_dir, _, ct2_dir = trained
+    translator, _ = saved_model.build_translator(str(model_dir))
+    texts = sources(200)
+    source_ids = translator.source_ids(tf.constant(texts))
+    result = beam_search(translator.model, source_ids, beam_size=1, alpha=0.0)
+    sp, theirs = _ct2_translate(ct2_dir, texts, 1, 0.0, translator.model.config.max_length - 2)
+    max_lengths = np.sum(source_ids.numpy() != 0, axis=1) + 50
+    for row, length, cap, pieces in zip(result.ids[:, 0].numpy(),
+                                        result.lengths[:, 0].numpy(), max_lengths, theirs):
+        ours = [sp.id_to_piece(int(i)) for i in row[:length - 1]]  # without EOS
+        # Ours forces EOS at the sentence's cap (source length + 50); CTranslate2's cap
+        # is the batch's.
+        assert ours == (pieces[:len(ours)] if length == cap else pieces)
+
+
+def test_pre_norm_learned_positions_and_separate_vocabularies_convert(tmp_path):
+    """The variants the paper does not use convert too: a random model's greedy
+    output, id for id."""
+    import tensorflow as tf
+    from keras_transformer import Transformer, TransformerConfig, greedy_search
+    from trainer.data import builtin_corpus
+    from trainer.data.tokenizer import Tokenizer, Tokenizers, train_sentencepiece
+    from trainer.serving import ctranslate2_export
+    english = [builtin_corpus.english(i) for i in range(0, 20000, 7)]
+    german = [builtin_corpus.german(i) for i in range(0, 20000, 7)]
+    tokenizers = Tokenizers(Tokenizer(train_sentencepiece(english, 400)),
+                            Tokenizer(train_sentencepiece(german, 500)))
+    config = TransformerConfig.tiny(vocab_size=tokenizers.target.vocab_size,
+                                    source_vocab_size=tokenizers.source.vocab_size,
+                                    share_embeddings=False, pre_norm=True,
+                                    positional="learned", max_length=24)
+    model = Transformer(config)
+    model.build()
+    out = ctranslate2_export.export(model, tokenizers, str(tmp_path / "ct2"), "float32")
+    texts = english[:50]
+    pieces = tokenizers.source.tokenize(tf.constant(texts))[:, :config.max_length - 1]
+    eos = tf.fill([len(texts), 1], 3)
+    source_ids = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], 1).to_tensor()
+    result = greedy_search(model, source_ids, alpha=0.0)
+    translator = ctranslate2.Translator(out, device="cpu", intra_threads=2)
+    import sentencepiece as spm
+    target = spm.SentencePieceProcessor(model_proto=tokenizers.target.model_proto)
+    source = spm.SentencePieceProcessor(model_proto=tokenizers.source.model_proto)
+    lengths = result.lengths[:, 0].numpy()
+    for i, text in enumerate(texts):
+        tokens = [source.id_to_piece(int(t)) for t in pieces[i].numpy()]
+        theirs = translator.translate_batch(
+            [tokens], beam_size=1, max_decoding_length=int(lengths[i]) - 1,
+            min_decoding_length=0, suppress_sequences=SUPPRESS)[0].hypotheses[0]
+        ours = [target.id_to_piece(int(t)) for t in result.ids[i, 0, :lengths[i]].numpy()]
+        assert ours[:len(theirs)] == theirs and len(ours) - len(theirs) <= 1
+
+
+def test_without_the_extra_the_export_names_it(tmp_path):
+    # A real `python -m trainer.export` in a process where ctranslate2 cannot be imported.
+    hide = ("import sys, runpy\n"
+            "class Hide:\n"
+            "    def find_spec(self, name, *args):\n"
+            "        if name.split('.')[0] == 'ctranslate2':\n"
+            "            raise ModuleNotFoundError(name)\n"
+            "sys.meta_path.insert(0, Hide())\n"
+            "sys.argv = ['trainer.export'] + sys.argv[1:]\n"
+            "runpy.run_module('trainer.export', run_name='__main__')\n")
+    result = subprocess.run([sys.executable, "-c", hide, f"--model_dir={tmp_path}",
+                             "--format=ctranslate2", f"--export_dir={tmp_path / 'ct2'}"],
+                            cwd=REPO, env=_env(), capture_output=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and '".[ctranslate2]"' in lines[0], lines
+    assert not (tmp_path / "ct2").exists()

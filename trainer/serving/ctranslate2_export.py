@@ -1,0 +1,178 @@
+"""The model as a CTranslate2 model directory, for CPU serving with CTranslate2's int8 or
+float32 kernels (`pip install -e ".[ctranslate2]"`; OpenNMT is not needed).
+
+The model is described with CTranslate2's own spec API (`ctranslate2.specs.TransformerSpec`)
+and written by its `Converter`:
+
+  - post-norm residual blocks (pre_norm=False) with LayerNorm epsilon 1e-6, or pre-norm with
+    the stacks' final LayerNorm when the model was trained so;
+  - the position table passed explicitly: CTranslate2's built-in sinusoids put the sines in
+    the first half of the columns, the paper's (ours) interleave them; learned positions
+    are a table too;
+  - the shared matrix as source embedding, target embedding and pre-softmax projection
+    (separate source embedding and vocabulary when the model has them), embeddings scaled
+    by sqrt(d_model);
+  - self-attention Q, K, V fused into one linear, encoder-decoder K and V into another,
+    Keras kernels [in, out] transposed to CTranslate2's [out, in];
+  - our EOS appended to every source, our BOS as the decoder's start token, and the
+    SentencePiece pieces as the vocabulary (pad, unk, bos, eos are ids 0-3 in both).
+
+The exported directory also holds the SentencePiece model(s), so a client tokenizes with
+them: see the README ("Serving with CTranslate2").
+"""
+
+import os
+import shutil
+from typing import List
+
+import numpy as np
+
+from keras_transformer import Transformer, positional_encoding
+from keras_transformer.special_ids import BOS_ID, EOS_ID, UNK_ID
+from trainer.data import tokenizer as tokenizer_lib
+
+QUANTIZATIONS = ("int8", "int8_float32", "int16", "float32", "bfloat16", "int8_bfloat16")
+EXTRA = 'pip install -e ".[ctranslate2]"'
+
+
+class MissingExtra(ImportError):
+    """ctranslate2 is not installed."""
+
+
+def _ctranslate2():
+    try:
+        import ctranslate2
+        from ctranslate2.converters import Converter
+        from ctranslate2.specs import transformer_spec
+    except ImportError as e:
+        raise MissingExtra(f"--format=ctranslate2 needs the ctranslate2 extra: {EXTRA}") from e
+    return ctranslate2, Converter, transformer_spec
+
+
+def _pieces(tokenizer) -> List[str]:
+    import sentencepiece as spm
+    processor = spm.SentencePieceProcessor(model_proto=tokenizer.model_proto)
+    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+
+
+def _linear(spec, dense_layers):
+    """Sets a CTranslate2 linear to the Keras Dense layers' kernels concatenated along
+    their outputs: weight [sum of outputs, in], bias [sum of outputs]."""
+    spec.weight = np.concatenate([d.kernel.numpy().T for d in dense_layers])
+    spec.bias = np.concatenate([d.bias.numpy() for d in dense_layers])
+
+
+def _layer_norm(spec, layer_norm):
+    spec.gamma = layer_norm.gamma.numpy()
+    spec.beta = layer_norm.beta.numpy()
+
+
+def _attention(spec, attention, residual, self_attention: bool):
+    projections = [attention.query_dense, attention.key_dense, attention.value_dense]
+    if self_attention:  # one fused QKV linear
+        _linear(spec.linear[0], projections)
+    else:  # queries from the decoder; keys and values, fused, from the encoder
+        _linear(spec.linear[0], projections[:1])
+        _linear(spec.linear[1], projections[1:])
+    _linear(spec.linear[-1], [attention.output_dense])
+    _layer_norm(spec.layer_norm, residual.layer_norm)
+
+
+def _feed_forward(spec, layer):
+    _linear(spec.linear_0, [layer.feed_forward.inner])
+    _linear(spec.linear_1, [layer.feed_forward.outer])
+    _layer_norm(spec.layer_norm, layer.feed_forward_residual.layer_norm)
+
+
+def _positions(layer) -> np.ndarray:
+    """[max_length, d_model]: the table row p is added at position p."""
+    if layer.kind == "learned":
+        return layer.position_embeddings.numpy()
+    return np.asarray(positional_encoding(layer.max_length, layer.d_model), np.float32)
+
+
+def transformer_spec(model: Transformer, tokenizers: tokenizer_lib.Tokenizers):
+    """The CTranslate2 TransformerSpec of `model` with its tokenizers' vocabularies.
+
+    Raises:
+      ValueError: the model has per-head key and value widths that differ.
+    """
+    _, _, specs = _ctranslate2()
+    config = model.config
+    if (config.key_dim or 0) != (config.value_dim or 0):
+        raise ValueError(f"CTranslate2 needs key_dim == value_dim; this model has "
+                         f"{config.key_dim} and {config.value_dim}")
+    shape = dict(num_layers=config.num_layers, num_heads=config.num_heads,
+                 pre_norm=config.pre_norm, head_dim=config.key_dim)
+    encoder = specs.TransformerEncoderSpec(**shape)
+    decoder = specs.TransformerDecoderSpec(**shape)
+    spec = specs.TransformerSpec(encoder, decoder)
+
+    pieces = _pieces(tokenizers.target)
+    source_pieces = _pieces(tokenizers.source)
+    spec.config.unk_token = pieces[UNK_ID]
+    spec.config.bos_token = pieces[BOS_ID]
+    spec.config.eos_token = pieces[EOS_ID]
+    spec.config.decoder_start_token = pieces[BOS_ID]
+    spec.config.add_source_eos = True
+    spec.config.layer_norm_epsilon = 1e-6  # keras_transformer.residual
+    spec.register_source_vocabulary(source_pieces)
+    spec.register_target_vocabulary(pieces)
+
+    shared = model.embedding.embeddings.numpy()  # [vocab, d_model]
+    source = shared if model.source_embedding is None else model.source_embedding.embeddings
+    encoder.embeddings[0].weight = np.asarray(source)
+    encoder.position_encodings.encodings = _positions(model.source_positions)
+    for layer_spec, layer in zip(encoder.layer, model.encoder.layers):
+        _attention(layer_spec.self_attention, layer.self_attention,
+                   layer.self_attention_residual, self_attention=True)
+        _feed_forward(layer_spec.ffn, layer)
+
+    decoder.embeddings.weight = shared
+    decoder.projection.weight = shared  # the pre-softmax projection, no bias
+    decoder.position_encodings.encodings = _positions(model.target_positions)
+    for layer_spec, layer in zip(decoder.layer, model.decoder.layers):
+        _attention(layer_spec.self_attention, layer.self_attention,
+                   layer.self_attention_residual, self_attention=True)
+        _attention(layer_spec.attention, layer.cross_attention,
+                   layer.cross_attention_residual, self_attention=False)
+        _feed_forward(layer_spec.ffn, layer)
+    if config.pre_norm:
+        _layer_norm(encoder.layer_norm, model.encoder.final_norm)
+        _layer_norm(decoder.layer_norm, model.decoder.final_norm)
+    return spec
+
+
+def export(model: Transformer, tokenizers: tokenizer_lib.Tokenizers, output_dir: str,
+           quantization: str = "int8") -> str:
+    """Writes `model` as a CTranslate2 model directory (replacing one there) with the
+    SentencePiece model(s) beside it; returns output_dir.
+
+    Args:
+      quantization: the weights' type on disk, one of QUANTIZATIONS; CTranslate2 can
+        convert again at load (`compute_type`).
+    Raises:
+      MissingExtra: ctranslate2 is not installed.
+      ValueError: an unknown quantization, or a model CTranslate2 cannot express.
+    """
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}; choose one of "
+                         f"{', '.join(QUANTIZATIONS)}")
+    _, converter_base, _ = _ctranslate2()
+    spec = transformer_spec(model, tokenizers)
+
+    class KerasTransformerConverter(converter_base):
+        def _load(self):
+            return spec
+
+    staging = output_dir.rstrip("/") + f".tmp-{os.getpid()}"
+    KerasTransformerConverter().convert(staging, quantization=quantization, force=True)
+    files = ({tokenizer_lib.SHARED_MODEL: tokenizers.source} if tokenizers.shared else
+             {tokenizer_lib.SOURCE_MODEL: tokenizers.source,
+              tokenizer_lib.TARGET_MODEL: tokenizers.target})
+    for name, tokenizer in files.items():
+        with open(os.path.join(staging, name), "wb") as f:
+            f.write(tokenizer.model_proto)
+    shutil.rmtree(output_dir, ignore_errors=True)
+    os.rename(staging, output_dir)
+    return output_dir
