@@ -63,10 +63,13 @@ def forced_decode(model, source_ids, length, use_cache):
     rows = tf.shape(source_ids)[0]
     seqs = tf.fill(tf.stack([rows, 1]), BOS_ID)
     if use_cache:
-        cache = model.initial_cache(encoder_output, length)
+        cache = model.initial_cache(encoder_output)
         for i in tf.range(length):
+            # The cache grows by one position per step.
             tf.autograph.experimental.set_loop_options(
-                shape_invariants=[(seqs, tf.TensorShape([None, None]))])
+                shape_invariants=[(seqs, tf.TensorShape([None, None]))] + [
+                    (t, tf.TensorShape([None, None, None, t.shape[-1]]))
+                    for layer in cache for t in (layer["key"], layer["value"])])
             logits, cache = model.decode_step(seqs[:, -1], i, cache, source_ids)
             next_ids = tf.argmax(logits, axis=-1, output_type=tf.int32)
             seqs = tf.concat([seqs, next_ids[:, None]], axis=1)

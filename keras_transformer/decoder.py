@@ -1,6 +1,7 @@
 """The decoder stack (paper section 3.1, Figure 1 right), with the incremental
-decoding used by beam search: a fixed-size key/value cache for self-attention and
-encoder-decoder keys and values computed once per sentence."""
+decoding used by beam search: a self-attention key/value cache that grows by one
+position per step, and encoder-decoder keys and values computed once per sentence and
+shared by its beams."""
 
 import keras
 from keras import ops
@@ -82,48 +83,56 @@ class DecoderLayer(keras.layers.Layer):
             training)
         return (x, weights) if return_attention_scores else x
 
-    def initial_cache(self, encoder_output, max_length):
-        """Empty self-attention cache and the encoder-decoder keys and values.
+    def initial_cache(self, encoder_output, beam_size=1):
+        """The cache before the first step: no self-attention keys and values yet, and
+        the encoder-decoder keys and values, once per sentence (its beams share them).
 
-        Returns a dict: "key" [batch, heads, max_length, d_k], "value"
-        [batch, heads, max_length, d_v] (zeros), "cross_key" [batch, heads, src_len, d_k],
-        "cross_value" [batch, heads, src_len, d_v].
+        Args:
+          encoder_output: [batch, src_len, d_model].
+          beam_size: rows decoded per sentence (its beams).
+        Returns a dict: "key" [batch * beam_size, heads, 0, d_k] and "value"
+        [batch * beam_size, heads, 0, d_v], which every step extends by one position;
+        "cross_key" [batch, heads, src_len, d_k] and "cross_value"
+        [batch, heads, src_len, d_v].
         """
         cross_key, cross_value = self.cross_attention.project_key_value(encoder_output)
-        batch, heads = ops.shape(encoder_output)[0], self.num_heads
+        rows = ops.shape(encoder_output)[0] * beam_size
         attention = self.self_attention
         return {
-            "key": ops.zeros((batch, heads, max_length, attention.key_dim), cross_key.dtype),
-            "value": ops.zeros((batch, heads, max_length, attention.value_dim),
+            "key": ops.zeros((rows, self.num_heads, 0, attention.key_dim), cross_key.dtype),
+            "value": ops.zeros((rows, self.num_heads, 0, attention.value_dim),
                                cross_value.dtype),
             "cross_key": cross_key,
             "cross_value": cross_value,
         }
 
-    def step(self, x, cache, index, cross_attention_mask):
-        """Decode position `index` given the cache of positions < index.
+    def step(self, x, cache, cross_attention_mask):
+        """Decode the next position given the cache of the positions before it.
 
         Args:
-          x: [batch, 1, d_model], the embedded token at position `index`.
-          cache: dict from `initial_cache` (or a previous step).
-          index: scalar int, the position being decoded.
+          x: [batch * beams, 1, d_model], the embedded tokens at the position being
+            decoded, the beams of a sentence in adjacent rows.
+          cache: dict from `initial_cache` (or a previous step): "key", "value"
+            [batch * beams, heads, position, d] and "cross_key", "cross_value"
+            [batch, heads, src_len, d].
           cross_attention_mask: bool [batch, 1, 1, src_len].
         Returns:
-          ([batch, 1, d_model], the cache with position `index` written).
+          ([batch * beams, 1, d_model], the cache with this position's keys and values
+          appended: one position written per step, whatever the maximum length).
         """
-        max_length = ops.shape(cache["key"])[2]
         y = self.self_attention_residual.sublayer_input(x)
-        key, value = self.self_attention.project_key_value(y)  # [batch, heads, 1, d]
-        # Slot `index` of a cache is zero until written, so adding writes it; a one-hot
-        # update keeps every shape static for tf.while_loop and XLA.
-        slot = ops.cast(ops.one_hot(index, max_length), key.dtype)[None, None, :, None]
-        cache = {**cache, "key": cache["key"] + key * slot, "value": cache["value"] + value * slot}
-        visible = (ops.arange(max_length) <= index)[None, None, None, :]
-        y, _ = self.self_attention.attend(y, (cache["key"], cache["value"]), visible)
+        key, value = self.self_attention.project_key_value(y)  # [batch * beams, heads, 1, d]
+        cache = {**cache, "key": ops.concatenate([cache["key"], key], axis=2),
+                 "value": ops.concatenate([cache["value"], value], axis=2)}
+        # Every cached position precedes this one: no mask.
+        y, _ = self.self_attention.attend(y, (cache["key"], cache["value"]))
         x = self.self_attention_residual(x, y)
+        # A sentence's beams are its `beams` queries of one set of encoder keys and values:
+        # [batch * beams, 1, d_model] -> [batch, beams, d_model] (position-wise from here).
+        x = ops.reshape(x, (ops.shape(cache["cross_key"])[0], -1, self.d_model))
         x, _ = self._cross_and_feed_forward(x, (cache["cross_key"], cache["cross_value"]),
                                             cross_attention_mask, training=False)
-        return x, cache
+        return ops.reshape(x, (-1, 1, self.d_model)), cache
 
     def compute_output_shape(self, x_shape, *args, **kwargs):
         return x_shape
@@ -173,14 +182,15 @@ class Decoder(LayerStack):
         x = self.finish(x)
         return (x, all_weights) if return_attention_scores else x
 
-    def initial_cache(self, encoder_output, max_length):
+    def initial_cache(self, encoder_output, beam_size=1):
         """A list of N per-layer caches (see DecoderLayer.initial_cache)."""
-        return [layer.initial_cache(encoder_output, max_length) for layer in self.layers]
+        return [layer.initial_cache(encoder_output, beam_size) for layer in self.layers]
 
-    def step(self, x, cache, index, cross_attention_mask):
-        """x [batch, 1, d_model] at position `index` -> ([batch, 1, d_model], new cache)."""
+    def step(self, x, cache, cross_attention_mask):
+        """x [batch * beams, 1, d_model] at the next position -> ([batch * beams, 1,
+        d_model], new cache); see DecoderLayer.step."""
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache):
-            x, layer_cache = layer.step(x, layer_cache, index, cross_attention_mask)
+            x, layer_cache = layer.step(x, layer_cache, cross_attention_mask)
             new_cache.append(layer_cache)
         return self.finish(x), new_cache

@@ -7,11 +7,11 @@ when possible." The length penalty is that of Wu et al. (2016):
 lp(Y) = ((5 + |Y|) / 6)^alpha, and a hypothesis scores log P(Y | X) / lp(Y).
 
 Everything is plain TensorFlow: it traces inside a `tf.function` whose inputs have
-unknown batch and length, and the cached path keeps every loop variable at a fixed
-shape (a `tf.while_loop` over a buffer of the largest output length, a fixed-size
-set of finished hypotheses next to the live beams, the key/value cache gathered by
-beam every step), so it compiles with XLA (`jit_compile=True`) wherever the model's
-`decode_step` does.
+unknown batch and length. The search is shaped for CPU serving cost rather than for
+XLA's fixed shapes: the self-attention cache grows by one position per step (writing
+a position costs O(1), attending costs O(position)), a sentence's beams share its
+encoder-decoder keys and values (never copied per beam), and a sentence whose n-best
+can no longer change leaves the batch.
 
 Ids are the project's (keras_transformer.special_ids): pad 0, BOS 2 (position 0 of
 every target), EOS 3. Outputs never contain PAD or BOS before their EOS; every output ends with EOS,
@@ -95,16 +95,14 @@ def greedy_search(model, source_ids, alpha=0.6, extra_length=EXTRA_LENGTH, use_c
       extra_length: a sentence's output has at most (its non-pad source tokens +
         extra_length) tokens, and at most config.max_length - 1.
       use_cache: True decodes one position per step with `model.decode_step`; False
-        recomputes `model.decode` over the whole prefix (for tests and benchmarks;
-        its prefix grows, so it does not compile with XLA).
+        recomputes `model.decode` over the whole prefix (for tests and benchmarks).
     Returns:
       DecodeResult with beam = 1.
     """
     source_ids = tf.cast(source_ids, tf.int32)
     batch = tf.shape(source_ids)[0]
     width, max_lengths = _decode_lengths(model, source_ids, extra_length)
-    encoder_output = model.encode(source_ids, training=False)
-    state, step = _step_function(model, encoder_output, source_ids, width, use_cache)
+    state, step = _step_function(model, source_ids, use_cache)
 
     def cond(i, seqs, log_probs, finished, state):
         return (i < width) & ~tf.reduce_all(finished)
@@ -122,12 +120,22 @@ def greedy_search(model, source_ids, alpha=0.6, extra_length=EXTRA_LENGTH, use_c
                   tf.fill(tf.stack([batch]), BOS_ID))  # [batch, width + 1]
     log_probs = tf.zeros(tf.stack([batch]))
     finished = tf.zeros(tf.stack([batch]), tf.bool)
-    _, seqs, log_probs, _, _ = tf.while_loop(
-        cond, body, (tf.constant(0), seqs, log_probs, finished, state))
+    loop_vars = (tf.constant(0), seqs, log_probs, finished, state)
+    _, seqs, log_probs, _, _ = tf.while_loop(cond, body, loop_vars,
+                                             shape_invariants=_growing(loop_vars))
     ids = seqs[:, None, 1:]  # [batch, 1, width]
     lengths = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1)  # [batch, 1]
     log_probs = log_probs[:, None]
     return DecodeResult(ids, log_probs / length_penalty(lengths, alpha), log_probs, lengths)
+
+
+class _Hypotheses(NamedTuple):
+    """Finished hypotheses of each sentence: seqs int32 [n, beam, width + 1] (BOS
+    first), scores and log_probs float32 [n, beam], by decreasing score (-inf: empty)."""
+
+    seqs: tf.Tensor
+    scores: tf.Tensor
+    log_probs: tf.Tensor
 
 
 def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LENGTH,
@@ -140,8 +148,9 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
     by log-prob). A sentence is done when its finished set is full and no live beam
     can still enter it: a live beam's score can reach at most its log-prob divided by
     the largest lp it can still have (lp(max length) for alpha >= 0), since log-probs
-    only decrease. So the early exit never changes any of the returned n-best. The
-    loop stops when every sentence in the batch is done.
+    only decrease. So the early exit never changes any of the returned n-best. A done
+    sentence leaves the batch (its rows are no longer computed), and the loop stops
+    when no sentence is left.
 
     Args:
       model: a Transformer.
@@ -151,8 +160,7 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
       extra_length: a sentence's output has at most (its non-pad source tokens +
         extra_length) tokens, and at most config.max_length - 1.
       use_cache: True decodes one position per step with `model.decode_step`; False
-        recomputes `model.decode` over the whole prefix (for tests and benchmarks;
-        its prefix grows, so it does not compile with XLA).
+        recomputes `model.decode` over the whole prefix (for tests and benchmarks).
     Returns:
       DecodeResult with beam = beam_size, hypotheses sorted by score.
     """
@@ -160,53 +168,60 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
     batch = tf.shape(source_ids)[0]
     vocab = model.config.vocab_size
     width, max_lengths = _decode_lengths(model, source_ids, extra_length)
-    # The largest lp a sentence's hypotheses can have, for the early exit.
-    max_penalty = length_penalty(max_lengths, alpha)  # [batch]
-    encoder_output = model.encode(source_ids, training=False)
-    state, step = _step_function(model, encoder_output, source_ids, width, use_cache,
-                                 beam_size)
-    # Rows of beam-flattened tensors [batch * beam, ...] of the same sentence.
-    sentence_offsets = beam_size * tf.range(batch)[:, None]  # [batch, 1]
+    state, step = _step_function(model, source_ids, use_cache, beam_size)
     neg_inf = tf.constant(float("-inf"))
 
-    def cond(i, live_seqs, live_log_probs, finished_seqs, finished_scores,
-             finished_log_probs, state):
-        # Best score a live beam can reach: later lengths only lower the log-prob,
-        # and the penalty is monotonic in the length.
-        largest_penalty = tf.maximum(length_penalty(i + 1, alpha), max_penalty)
-        best_live = live_log_probs[:, 0] / largest_penalty  # [batch]
-        done = finished_scores[:, -1] >= best_live  # -inf while the set is not full
-        return (i < width) & ~tf.reduce_all(done)
+    def cond(i, sentences, live_seqs, live_log_probs, finished, max_lengths, state,
+             results):
+        return (i < width) & (tf.size(sentences) > 0)
 
-    def body(i, live_seqs, live_log_probs, finished_seqs, finished_scores,
-             finished_log_probs, state):
-        flat_seqs = tf.reshape(live_seqs, tf.stack([batch * beam_size, width + 1]))
-        token_log_probs, state = step(flat_seqs, i, state)  # [batch * beam, vocab]
-        token_log_probs = tf.reshape(token_log_probs, tf.stack([batch, beam_size, vocab]))
+    def body(i, sentences, live_seqs, live_log_probs, finished, max_lengths, state,
+             results):
+        # n sentences left (their indices in the batch: `sentences`), beam rows each.
+        n = tf.shape(sentences)[0]
+        flat_seqs = tf.reshape(live_seqs, tf.stack([n * beam_size, width + 1]))
+        token_log_probs, state = step(flat_seqs, i, state)  # [n * beam, vocab]
+        token_log_probs = tf.reshape(token_log_probs, tf.stack([n, beam_size, vocab]))
         token_log_probs = _allowed(token_log_probs, i + 1, max_lengths[:, None, None])
         candidates = tf.reshape(live_log_probs[:, :, None] + token_log_probs,
-                                tf.stack([batch, beam_size * vocab]))
+                                tf.stack([n, beam_size * vocab]))
         # 2 * beam candidates hold at least beam that do not end in EOS (at most one
         # EOS per live beam), so the live set never runs short.
-        top_log_probs, top_indices = tf.math.top_k(candidates, 2 * beam_size)  # [batch, 2k]
+        top_log_probs, top_indices = tf.math.top_k(candidates, 2 * beam_size)  # [n, 2k]
         top_beams, top_tokens = top_indices // vocab, top_indices % vocab
         top_seqs = _write(tf.gather(live_seqs, top_beams, batch_dims=1), i + 1, top_tokens)
         ends = top_tokens == EOS_ID
 
         live_log_probs, keep = tf.math.top_k(tf.where(ends, neg_inf, top_log_probs), beam_size)
         live_seqs = tf.gather(top_seqs, keep, batch_dims=1)
-        parents = tf.gather(top_beams, keep, batch_dims=1) + sentence_offsets  # [batch, beam]
-        state = tf.nest.map_structure(
-            lambda t: tf.gather(t, tf.reshape(parents, [-1])), state)
+        # Rows of the step's state [n * beam, ...] that each new live beam extends.
+        parents = tf.gather(top_beams, keep, batch_dims=1) + beam_size * tf.range(n)[:, None]
 
         new_log_probs = tf.where(ends, top_log_probs, neg_inf)
-        scores = tf.concat([finished_scores, new_log_probs / length_penalty(i + 1, alpha)], 1)
+        scores = tf.concat([finished.scores, new_log_probs / length_penalty(i + 1, alpha)], 1)
         finished_scores, keep = tf.math.top_k(scores, beam_size)
-        finished_seqs = tf.gather(tf.concat([finished_seqs, top_seqs], 1), keep, batch_dims=1)
-        finished_log_probs = tf.gather(tf.concat([finished_log_probs, new_log_probs], 1), keep,
-                                       batch_dims=1)
-        return (i + 1, live_seqs, live_log_probs, finished_seqs, finished_scores,
-                finished_log_probs, state)
+        finished = _Hypotheses(
+            tf.gather(tf.concat([finished.seqs, top_seqs], 1), keep, batch_dims=1),
+            finished_scores,
+            tf.gather(tf.concat([finished.log_probs, new_log_probs], 1), keep, batch_dims=1))
+
+        # Best score a live beam can reach: later lengths only lower the log-prob, and
+        # the penalty is monotonic in the length.
+        largest_penalty = tf.maximum(length_penalty(i + 2, alpha),
+                                     length_penalty(max_lengths, alpha))
+        done = finished.scores[:, -1] >= live_log_probs[:, 0] / largest_penalty  # [n]
+        results = _store(results, tf.boolean_mask(sentences, done),
+                         tf.nest.map_structure(lambda t: tf.boolean_mask(t, done), finished))
+        left = tf.cast(tf.where(~done)[:, 0], tf.int32)
+        sentences, live_seqs, live_log_probs, finished, max_lengths = tf.nest.map_structure(
+            lambda t: tf.gather(t, left),
+            (sentences, live_seqs, live_log_probs, finished, max_lengths))
+        state = _gather_rows(state, tf.reshape(tf.gather(parents, left), [-1]))
+        # The encoder-side tensors change only when a sentence leaves.
+        state = tf.cond(tf.reduce_any(done), lambda: _gather_sentences(state, left),
+                        lambda: state)
+        return (i + 1, sentences, live_seqs, live_log_probs, finished, max_lengths, state,
+                results)
 
     seqs = _write(tf.zeros(tf.stack([batch, beam_size, width + 1]), tf.int32), 0,
                   tf.fill(tf.stack([batch, beam_size]), BOS_ID))  # [batch, beam, width + 1]
@@ -214,11 +229,23 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
     live_log_probs = tf.tile(
         tf.concat([[0.0], tf.fill([beam_size - 1], neg_inf)], 0)[None, :], tf.stack([batch, 1]))
     empty = tf.fill(tf.stack([batch, beam_size]), neg_inf)
-    loop_vars = (tf.constant(0), seqs, live_log_probs, seqs, empty, empty, state)
-    _, _, _, seqs, scores, log_probs, _ = tf.while_loop(cond, body, loop_vars)
-    ids = seqs[:, :, 1:]  # [batch, beam, width]
+    none_finished = _Hypotheses(seqs, empty, empty)
+    loop_vars = (tf.constant(0), tf.range(batch), seqs, live_log_probs, none_finished,
+                 max_lengths, state, none_finished)
+    _, sentences, _, _, finished, _, _, results = tf.while_loop(
+        cond, body, loop_vars, shape_invariants=_growing(loop_vars))
+    results = _store(results, sentences, finished)  # those still searching at width
+    ids = results.seqs[:, :, 1:]  # [batch, beam, width]
     lengths = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1)
-    return DecodeResult(ids, scores, log_probs, lengths)
+    return DecodeResult(ids, results.scores, results.log_probs, lengths)
+
+
+def _store(results, sentences, hypotheses):
+    """results (_Hypotheses over the batch) with rows `sentences` int32 [m] replaced by
+    `hypotheses` (_Hypotheses of m sentences)."""
+    return tf.nest.map_structure(
+        lambda r, h: tf.tensor_scatter_nd_update(r, sentences[:, None], h), results,
+        hypotheses)
 
 
 def _decode_lengths(model, source_ids, extra_length):
@@ -235,29 +262,63 @@ def _decode_lengths(model, source_ids, extra_length):
     return width, tf.minimum(source_lengths + extra_length, cap)
 
 
-def _step_function(model, encoder_output, source_ids, width, use_cache, beam_size=1):
-    """(initial state, step) for n = batch * beam_size rows, the beams of a sentence
-    adjacent: step(seqs int32 [n, width + 1], i, state) -> (float32 log-probs
-    [n, vocab] of the token after position i, new state). The state is the key/value
-    cache, or () without it; its tensors have the n rows first, so reordering beams
-    is a gather on axis 0."""
-    source_ids = _tile(source_ids, beam_size)
+def _step_function(model, source_ids, use_cache, beam_size=1):
+    """(initial state, step) for batch * beam_size rows, the beams of a sentence
+    adjacent: step(seqs int32 [rows, width + 1], i, state) -> (float32 log-probs
+    [rows, vocab] of the token after position i, new state).
+
+    The state is a dict: "source_ids" [batch, src_len]; with the cache, "cache" (see
+    Transformer.initial_cache), whose self-attention keys and values have a row per
+    beam and encoder-decoder ones a row per sentence; without it, "encoder_output"
+    [batch, src_len, d_model]. `_gather_rows` reorders the beams' rows,
+    `_gather_sentences` keeps some sentences."""
+    encoder_output = model.encode(source_ids, training=False)
     if use_cache:
-        def step(seqs, i, cache):
-            logits, cache = model.decode_step(seqs[:, i], i, cache, source_ids)
-            return tf.nn.log_softmax(logits, axis=-1), cache
+        def step(seqs, i, state):
+            logits, cache = model.decode_step(seqs[:, i], i, state["cache"],
+                                              state["source_ids"])
+            return tf.nn.log_softmax(logits, axis=-1), {**state, "cache": cache}
 
-        # Encoder-decoder keys and values are projected once per sentence, then tiled.
-        cache = model.initial_cache(encoder_output, width)
-        return tf.nest.map_structure(lambda t: _tile(t, beam_size), cache), step
-
-    encoder_output = _tile(encoder_output, beam_size)
+        # Encoder-decoder keys and values are projected once per sentence.
+        cache = model.initial_cache(encoder_output, beam_size)
+        return {"source_ids": source_ids, "cache": cache}, step
 
     def step(seqs, i, state):
-        logits = model.decode(seqs[:, :i + 1], encoder_output, source_ids, training=False)
+        logits = model.decode(seqs[:, :i + 1], _tile(state["encoder_output"], beam_size),
+                              _tile(state["source_ids"], beam_size), training=False)
         return tf.nn.log_softmax(logits[:, -1, :], axis=-1), state
 
-    return (), step
+    return {"source_ids": source_ids, "encoder_output": encoder_output}, step
+
+
+def _gather_rows(state, rows):
+    """The state with the self-attention cache's rows reordered: rows int32 [rows']."""
+    cache = [{**layer, "key": tf.gather(layer["key"], rows),
+              "value": tf.gather(layer["value"], rows)} for layer in state.get("cache", [])]
+    return {**state, "cache": cache} if "cache" in state else state
+
+
+def _gather_sentences(state, sentences):
+    """The state of the sentences int32 [n'] only (the per-sentence tensors)."""
+    state = {**state, "source_ids": tf.gather(state["source_ids"], sentences)}
+    if "encoder_output" in state:
+        state["encoder_output"] = tf.gather(state["encoder_output"], sentences)
+    if "cache" in state:
+        state["cache"] = [{**layer, "cross_key": tf.gather(layer["cross_key"], sentences),
+                           "cross_value": tf.gather(layer["cross_value"], sentences)}
+                          for layer in state["cache"]]
+    return state
+
+
+def _growing(loop_vars):
+    """Shape invariants of tf.while_loop variables: any axis may change between steps
+    (sentences leave the batch, the cache grows) but the last of a matrix or higher
+    (widths, heads' depths), which the layers need to know."""
+    def invariant(t):
+        if t.shape.rank < 2:
+            return tf.TensorShape([None] * t.shape.rank)
+        return tf.TensorShape([None] * (t.shape.rank - 1) + [t.shape[-1]])
+    return tf.nest.map_structure(invariant, loop_vars)
 
 
 def _allowed(log_probs, length, max_lengths):

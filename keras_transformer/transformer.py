@@ -120,23 +120,25 @@ class Transformer(keras.Model):
             return self.embedding.logits(outputs[0]), outputs[1]
         return self.embedding.logits(outputs)
 
-    def initial_cache(self, encoder_output, max_length):
-        """The decoding cache for up to `max_length` target positions (see Decoder)."""
-        return self.decoder.initial_cache(encoder_output, max_length)
+    def initial_cache(self, encoder_output, beam_size=1):
+        """The decoding cache of `beam_size` rows per sentence (see Decoder)."""
+        return self.decoder.initial_cache(encoder_output, beam_size)
 
     def decode_step(self, target_ids, index, cache, source_ids):
         """One step of incremental decoding.
 
         Args:
-          target_ids: int [batch], the token at position `index` (BOS at 0).
-          index: scalar int, the position being decoded.
-          cache: from `initial_cache` or the previous step.
+          target_ids: int [batch * beams], the token at position `index` (BOS at 0) of
+            each row, the beams of a sentence adjacent.
+          index: scalar int, the position being decoded (the cache holds positions
+            0 .. index - 1).
+          cache: from `initial_cache(encoder_output, beams)` or the previous step.
           source_ids: int [batch, src_len], for the source padding mask.
         Returns:
-          (float32 logits [batch, vocab] for position index + 1, the new cache).
+          (float32 logits [batch * beams, vocab] for position index + 1, the new cache).
         """
         x = self.target_positions(self.embedding(target_ids[:, None]), start=index)
-        x, cache = self.decoder.step(x, cache, index, padding_mask(source_ids))
+        x, cache = self.decoder.step(x, cache, padding_mask(source_ids))
         return self.embedding.logits(x)[:, 0, :], cache
 
     def call(self, inputs, training=None):

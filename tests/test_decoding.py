@@ -291,23 +291,6 @@ def test_one_trace_serves_any_batch_and_length(copy_model):
     assert function.experimental_get_tracing_count() == 1
 
 
-def test_beam_search_compiles_with_xla():
-    # Learned positions: the sinusoidal PositionalEncoding of one decoding step
-    # builds a table whose size depends on the step.
-    model = random_model(dataclasses.replace(CONFIG, positional="learned"))
-    sources = np.array([[5, 6, 7, 3], [8, 3, 0, 0]], "int32")
-    compiled = tf.function(lambda ids: beam_search(model, ids), jit_compile=True,
-                           input_signature=ANY_IDS)(sources)
-    reference = decode(beam_search, model, sources)
-    np.testing.assert_array_equal(compiled.ids, reference.ids)
-    np.testing.assert_allclose(compiled.scores, reference.scores, atol=1e-4)
-
-
-def test_decoding_compiles_with_xla_and_sinusoidal_positions(copy_model):
-    sources = np.array([[5, 6, 7, 3]], "int32")
-    tf.function(lambda ids: greedy_search(copy_model, ids), jit_compile=True)(sources)
-
-
 def test_mixed_bfloat16_keeps_float32_scores(copy_model, sources):
     model = Transformer(CONFIG, dtype="mixed_bfloat16")
     model.build()
