@@ -98,29 +98,48 @@ class MultiHeadAttention(keras.layers.Layer):
         self.built = True
 
     def _split_heads(self, x, depth):
-        # [batch, len, heads * depth] -> [batch, heads, len, depth]
+        """[batch, len, heads * depth] -> [batch, heads, len, depth]; a matrix
+        [rows, heads * depth] (one position per row) -> [rows, heads, 1, depth]."""
+        if len(x.shape) == 2:
+            return ops.reshape(x, (ops.shape(x)[0], self.num_heads, 1, depth))
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         return ops.transpose(ops.reshape(x, (batch, length, self.num_heads, depth)), (0, 2, 1, 3))
 
     def project_key_value(self, value):
         """Per-head keys and values of `value` [batch, k_len, d_model]:
-        ([batch, heads, k_len, d_k], [batch, heads, k_len, d_v])."""
+        ([batch, heads, k_len, d_k], [batch, heads, k_len, d_v]); of `value`
+        [rows, d_model] (one position per row, in decoding): k_len = 1."""
         return (self._split_heads(self.key_dense(value), self.key_dim),
                 self._split_heads(self.value_dense(value), self.value_dim))
 
     def attend(self, query, key_value, attention_mask=None, training=None):
-        """Attention of `query` [batch, q_len, d_model] over projected `key_value`.
+        """Attention of `query` over projected `key_value` (from `project_key_value`).
 
-        Returns ([batch, q_len, d_model], float32 weights [batch, heads, q_len, k_len]).
+        Args:
+          query: [batch, q_len, d_model]; or, in decoding, [rows, d_model] with one
+            position per row: the keys then have `groups` rows, a divisor of rows, and
+            the rows / groups adjacent rows of a group (a sentence's beams) are its
+            queries of the same keys.
+          key_value: ([batch or groups, heads, k_len, d_k], [..., d_v]).
+          attention_mask: bool broadcastable to [batch or groups, heads, q_len, k_len].
+        Returns:
+          ([batch, q_len, d_model] or [rows, d_model], float32 weights
+          [batch or groups, heads, q_len, k_len]).
         """
         key, value = key_value
+        queries = self.query_dense(query)
+        one_position = len(query.shape) == 2
+        if one_position:  # [rows, h * d_k] -> [groups, rows / groups, h * d_k]
+            queries = ops.reshape(queries, (ops.shape(key)[0], -1, self.num_heads * self.key_dim))
         heads, weights = scaled_dot_product_attention(
-            self._split_heads(self.query_dense(query), self.key_dim), key, value,
-            mask=attention_mask, dropout_layer=self.dropout_layer, training=training)
-        batch, q_len = ops.shape(query)[0], ops.shape(query)[1]
+            self._split_heads(queries, self.key_dim), key, value, mask=attention_mask,
+            dropout_layer=self.dropout_layer, training=training)
+        batch, q_len = ops.shape(heads)[0], ops.shape(heads)[2]
         # [batch, heads, q_len, d_v] -> [batch, q_len, heads * d_v]
         heads = ops.reshape(ops.transpose(heads, (0, 2, 1, 3)),
                             (batch, q_len, self.num_heads * self.value_dim))
+        if one_position:  # a matrix again: the output projection is one matmul
+            heads = ops.reshape(heads, (-1, self.num_heads * self.value_dim))
         return self.output_dense(heads), weights
 
     def call(self, query, value, attention_mask=None, training=None,

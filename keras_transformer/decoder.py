@@ -110,14 +110,15 @@ class DecoderLayer(keras.layers.Layer):
         """Decode the next position given the cache of the positions before it.
 
         Args:
-          x: [batch * beams, 1, d_model], the embedded tokens at the position being
-            decoded, the beams of a sentence in adjacent rows.
+          x: [batch * beams, d_model], the embedded tokens at the position being
+            decoded (one position per row: every projection is a single matmul), the
+            beams of a sentence in adjacent rows.
           cache: dict from `initial_cache` (or a previous step): "key", "value"
             [batch * beams, heads, position, d] and "cross_key", "cross_value"
             [batch, heads, src_len, d].
           cross_attention_mask: bool [batch, 1, 1, src_len].
         Returns:
-          ([batch * beams, 1, d_model], the cache with this position's keys and values
+          ([batch * beams, d_model], the cache with this position's keys and values
           appended: one position written per step, whatever the maximum length).
         """
         y = self.self_attention_residual.sublayer_input(x)
@@ -127,12 +128,11 @@ class DecoderLayer(keras.layers.Layer):
         # Every cached position precedes this one: no mask.
         y, _ = self.self_attention.attend(y, (cache["key"], cache["value"]))
         x = self.self_attention_residual(x, y)
-        # A sentence's beams are its `beams` queries of one set of encoder keys and values:
-        # [batch * beams, 1, d_model] -> [batch, beams, d_model] (position-wise from here).
-        x = ops.reshape(x, (ops.shape(cache["cross_key"])[0], -1, self.d_model))
+        # The encoder keys and values have a row per sentence: a sentence's beams are
+        # its queries of them (MultiHeadAttention.attend).
         x, _ = self._cross_and_feed_forward(x, (cache["cross_key"], cache["cross_value"]),
                                             cross_attention_mask, training=False)
-        return ops.reshape(x, (-1, 1, self.d_model)), cache
+        return x, cache
 
     def compute_output_shape(self, x_shape, *args, **kwargs):
         return x_shape
@@ -187,8 +187,8 @@ class Decoder(LayerStack):
         return [layer.initial_cache(encoder_output, beam_size) for layer in self.layers]
 
     def step(self, x, cache, cross_attention_mask):
-        """x [batch * beams, 1, d_model] at the next position -> ([batch * beams, 1,
-        d_model], new cache); see DecoderLayer.step."""
+        """x [batch * beams, d_model] at the next position -> ([batch * beams, d_model],
+        new cache); see DecoderLayer.step."""
         new_cache = []
         for layer, layer_cache in zip(self.layers, cache):
             x, layer_cache = layer.step(x, layer_cache, cross_attention_mask)

@@ -139,18 +139,18 @@ class _Hypotheses(NamedTuple):
 
 
 def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LENGTH,
-                use_cache=True):
+                use_cache=True, num_hypotheses=None):
     """Beam search with the length penalty of Wu et al. (2016), section 6.1.
 
     Each step extends every live beam by every token and keeps the 2 * beam_size
     best candidates: those ending in EOS enter the fixed-size set of finished
     hypotheses (ranked by log-prob / lp), the best beam_size others stay live (ranked
-    by log-prob). A sentence is done when its finished set is full and no live beam
-    can still enter it: a live beam's score can reach at most its log-prob divided by
-    the largest lp it can still have (lp(max length) for alpha >= 0), since log-probs
-    only decrease. So the early exit never changes any of the returned n-best. A done
-    sentence leaves the batch (its rows are no longer computed), and the loop stops
-    when no sentence is left.
+    by log-prob). A sentence is done when its first num_hypotheses finished are there
+    and no live beam can still enter them: a live beam's score can reach at most its
+    log-prob divided by the largest lp it can still have (lp(max length) for
+    alpha >= 0), since log-probs only decrease. So the early exit never changes the
+    first num_hypotheses of the returned n-best. A done sentence leaves the batch (its
+    rows are no longer computed), and the loop stops when no sentence is left.
 
     Args:
       model: a Transformer.
@@ -161,9 +161,17 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
         extra_length) tokens, and at most config.max_length - 1.
       use_cache: True decodes one position per step with `model.decode_step`; False
         recomputes `model.decode` over the whole prefix (for tests and benchmarks).
+      num_hypotheses: how many of the returned hypotheses must be exactly the best
+        the search can find, 1 to beam_size (default): 1 when only the best
+        translation is used stops as soon as it is certain, and the others are then
+        finished hypotheses ranked as found, not necessarily the 2nd.. best.
     Returns:
       DecodeResult with beam = beam_size, hypotheses sorted by score.
     """
+    num_hypotheses = beam_size if num_hypotheses is None else num_hypotheses
+    if not 1 <= num_hypotheses <= beam_size:
+        raise ValueError(f"num_hypotheses must be in 1..beam_size={beam_size}, "
+                         f"got {num_hypotheses}")
     source_ids = tf.cast(source_ids, tf.int32)
     batch = tf.shape(source_ids)[0]
     vocab = model.config.vocab_size
@@ -181,14 +189,10 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
         n = tf.shape(sentences)[0]
         flat_seqs = tf.reshape(live_seqs, tf.stack([n * beam_size, width + 1]))
         token_log_probs, state = step(flat_seqs, i, state)  # [n * beam, vocab]
-        token_log_probs = tf.reshape(token_log_probs, tf.stack([n, beam_size, vocab]))
-        token_log_probs = _allowed(token_log_probs, i + 1, max_lengths[:, None, None])
-        candidates = tf.reshape(live_log_probs[:, :, None] + token_log_probs,
-                                tf.stack([n, beam_size * vocab]))
         # 2 * beam candidates hold at least beam that do not end in EOS (at most one
         # EOS per live beam), so the live set never runs short.
-        top_log_probs, top_indices = tf.math.top_k(candidates, 2 * beam_size)  # [n, 2k]
-        top_beams, top_tokens = top_indices // vocab, top_indices % vocab
+        top_log_probs, top_beams, top_tokens = _best_extensions(
+            token_log_probs, live_log_probs, i + 1, max_lengths, 2 * beam_size, vocab)
         top_seqs = _write(tf.gather(live_seqs, top_beams, batch_dims=1), i + 1, top_tokens)
         ends = top_tokens == EOS_ID
 
@@ -209,7 +213,8 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
         # the penalty is monotonic in the length.
         largest_penalty = tf.maximum(length_penalty(i + 2, alpha),
                                      length_penalty(max_lengths, alpha))
-        done = finished.scores[:, -1] >= live_log_probs[:, 0] / largest_penalty  # [n]
+        best_live = live_log_probs[:, 0] / largest_penalty  # [n]
+        done = finished.scores[:, num_hypotheses - 1] >= best_live
         results = _store(results, tf.boolean_mask(sentences, done),
                          tf.nest.map_structure(lambda t: tf.boolean_mask(t, done), finished))
         left = tf.cast(tf.where(~done)[:, 0], tf.int32)
@@ -319,6 +324,38 @@ def _growing(loop_vars):
             return tf.TensorShape([None] * t.shape.rank)
         return tf.TensorShape([None] * (t.shape.rank - 1) + [t.shape[-1]])
     return tf.nest.map_structure(invariant, loop_vars)
+
+
+def _best_extensions(log_probs, live_log_probs, length, max_lengths, k, vocab):
+    """The k best one-token extensions of each sentence's live beams, best first, as
+    one top-k over all beam * vocab candidates would rank them (ties: lower beam, then
+    lower token), with the tokens `_allowed` allows.
+
+    Args:
+      log_probs: float32 [n * beam, vocab], each live beam's next-token log-probs.
+      live_log_probs: float32 [n, beam].
+      length: the extended outputs' length; max_lengths: int32 [n].
+    Returns:
+      (log-probs float32 [n, k] (live + token), beams int32 [n, k], tokens int32 [n, k]).
+    """
+    n, beam = tf.shape(live_log_probs)[0], tf.shape(live_log_probs)[1]
+    # A sentence's k best hold at most k of one beam, so each beam's k best tokens
+    # suffice, plus 2 for PAD and BOS: two small top-ks instead of masking, adding to
+    # and ranking all beam * vocab candidates.
+    per_beam = min(k + 2, vocab)
+    best, tokens = tf.math.top_k(log_probs, per_beam)  # [n * beam, per_beam]
+    best = tf.where((tokens == PAD_ID) | (tokens == BOS_ID), float("-inf"), best)
+    # At its maximum length a sentence may only end: EOS is each beam's one candidate.
+    at_max = tf.repeat(length >= max_lengths, beam)[:, None]  # [n * beam, 1]
+    first = tf.range(per_beam) == 0
+    best = tf.where(at_max, tf.where(first, log_probs[:, EOS_ID:EOS_ID + 1], float("-inf")),
+                    best)
+    tokens = tf.where(at_max, tf.where(first, EOS_ID, PAD_ID), tokens)
+    candidates = live_log_probs[:, :, None] + tf.reshape(best, tf.stack([n, beam, per_beam]))
+    top_log_probs, top = tf.math.top_k(tf.reshape(candidates, tf.stack([n, beam * per_beam])),
+                                       k)
+    tokens = tf.gather(tf.reshape(tokens, tf.stack([n, beam * per_beam])), top, batch_dims=1)
+    return top_log_probs, top // per_beam, tokens
 
 
 def _allowed(log_probs, length, max_lengths):

@@ -137,9 +137,9 @@ class Transformer(keras.Model):
         Returns:
           (float32 logits [batch * beams, vocab] for position index + 1, the new cache).
         """
-        x = self.target_positions(self.embedding(target_ids[:, None]), start=index)
-        x, cache = self.decoder.step(x, cache, padding_mask(source_ids))
-        return self.embedding.logits(x)[:, 0, :], cache
+        x = self.target_positions(self.embedding(target_ids[:, None]), start=index)[:, 0]
+        x, cache = self.decoder.step(x, cache, padding_mask(source_ids))  # [rows, d_model]
+        return self.embedding.logits(x), cache
 
     def call(self, inputs, training=None):
         source_ids, target_input_ids = inputs

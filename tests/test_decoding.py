@@ -248,6 +248,22 @@ def test_search_stops_once_no_live_beam_can_improve_the_n_best(copy_model, sourc
     assert result.lengths.max() <= model.steps.numpy() < width
 
 
+def test_one_exact_hypothesis_stops_sooner_with_the_same_best(copy_model, sources, decoded):
+    model = StepCountingTransformer(CONFIG)
+    model.build()
+    model.set_weights(copy_model.get_weights())
+    model.steps = tf.Variable(0)
+    decode(beam_search, model, sources)
+    all_exact = model.steps.numpy()
+    model.steps.assign(0)
+    best_only = decode(beam_search, model, sources, num_hypotheses=1)
+    np.testing.assert_array_equal(best_only.ids[:, 0], decoded["beam"].ids[:, 0])
+    np.testing.assert_allclose(best_only.scores[:, 0], decoded["beam"].scores[:, 0], atol=1e-5)
+    assert model.steps.numpy() <= all_exact
+    with pytest.raises(ValueError, match="num_hypotheses"):
+        beam_search(copy_model, sources, beam_size=2, num_hypotheses=3)
+
+
 @pytest.mark.parametrize("search", SEARCHES)
 def test_an_empty_batch_returns_empty_tensors(copy_model, search):
     result = decode(SEARCHES[search], copy_model, np.zeros((0, 5), "int32"))

@@ -68,9 +68,11 @@ class Translator(tf.Module):
         ids = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1)
         return tf.cast(ids.to_tensor(default_value=PAD_ID), tf.int32)
 
-    def _search(self, source_ids):
+    def _search(self, source_ids, num_hypotheses=1):
+        """Beam search whose first num_hypotheses outputs are exact (1: the signatures
+        that return only the best translation stop as soon as it is certain)."""
         return beam_search(self.model, source_ids, beam_size=self.beam_size, alpha=self.alpha,
-                           use_cache=self.use_cache)
+                           use_cache=self.use_cache, num_hypotheses=num_hypotheses)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def translate(self, inputs):
@@ -118,7 +120,7 @@ class Translator(tf.Module):
         An empty input gives k empty translations scoring 0.
         """
         source_ids = self.source_ids(inputs)
-        result = self._search(source_ids)
+        result = self._search(source_ids, num_hypotheses=self.beam_size)
         batch, width = tf.shape(result.ids)[0], tf.shape(result.ids)[2]
         flat_ids = tf.reshape(result.ids, tf.stack([batch * self.beam_size, width]))
         translations = tf.reshape(self.target_tokenizer.detokenize(flat_ids),

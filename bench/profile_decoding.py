@@ -1,0 +1,139 @@
+"""Profile: where a SavedModel's beam search spends its time, op type by op type.
+
+Runs `serving_default` under the TensorFlow profiler on Multi30k test2016 sentences (a
+batch of --batch_size in file order, and one sentence alone) and sums the kernels' time
+by op type from the trace (`*.xplane.pb`). With --compare=OTHER_EXPORT the same calls
+profile a second SavedModel in the same run (an export of the previous code: the
+before/after table of a change).
+
+On 2 cores TensorFlow runs two ops at once, so kernel time can exceed wall time; the
+"executor" row is the time the executor threads spent outside any kernel (scheduling,
+allocation, the while loop's control flow): per-op dispatch. Not a test: run it by hand,
+
+  python bench/profile_decoding.py --saved_model=EXPORT [--compare=OLD_EXPORT]
+"""
+
+import argparse
+import collections
+import glob
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from typing import Dict, Tuple
+
+import tensorflow as tf
+import tensorflow_text
+
+import machine
+from machine import MULTI30K
+
+# Kernel names in the trace are "op name:OpType"; the executor's own spans are these.
+EXECUTOR_SPAN = "ExecutorState::Process"
+
+
+def profile(function, texts, repeats: int) -> Tuple[float, Dict[str, Tuple[float, int]], float]:
+    """(best wall seconds of `repeats` calls, {op type: (kernel seconds, kernels run)} of
+    one profiled call, executor seconds outside kernels) for function(inputs=texts)."""
+    inputs = tf.constant(texts)
+    function(inputs=inputs)  # warm-up: thread pools, first-call allocations
+    wall = min(machine.seconds(lambda: function(inputs=inputs)) for _ in range(repeats))
+    log_dir = tempfile.mkdtemp(prefix="profile_decoding_")
+    tf.profiler.experimental.start(log_dir)
+    function(inputs=inputs)
+    tf.profiler.experimental.stop()
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    space = xplane_pb2.XSpace()
+    with open(glob.glob(os.path.join(log_dir, "**", "*.xplane.pb"), recursive=True)[0],
+              "rb") as f:
+        space.ParseFromString(f.read())
+    by_type = collections.defaultdict(lambda: [0.0, 0])
+    executor = kernels = 0.0
+    for plane in space.planes:
+        names = plane.event_metadata
+        for line in plane.lines:
+            if not line.name.startswith("tf_Compute"):
+                continue
+            for event in line.events:
+                name, seconds = names[event.metadata_id].name, event.duration_ps / 1e12
+                if name == EXECUTOR_SPAN:
+                    executor += seconds
+                elif ":" in name:
+                    op_type = name.rsplit(":", 1)[1].replace("_Mkl", "")
+                    by_type[op_type][0] += seconds
+                    by_type[op_type][1] += 1
+                    kernels += seconds
+    return wall, {k: tuple(v) for k, v in by_type.items()}, max(executor - kernels, 0.0)
+
+
+def print_table(title, results, top):
+    """results: [(label, wall, by_type, executor)] -> one markdown table, ops by time."""
+    print(f"**{title}**\n")
+    total = collections.Counter()
+    for _, _, by_type, _ in results:
+        for op_type, (seconds, _) in by_type.items():
+            total[op_type] += seconds
+    header = " | ".join(f"{label} ms | {label} kernels" for label, *_ in results)
+    print(f"| op type | {header} |")
+    print("|---|" + "---:|---:|" * len(results))
+    print("| wall time (best call) | " + " | ".join(
+        f"{wall * 1e3:.1f} | " for _, wall, _, _ in results) + "")
+    for op_type, _ in total.most_common(top):
+        cells = []
+        for _, _, by_type, _ in results:
+            seconds, count = by_type.get(op_type, (0.0, 0))
+            cells.append(f"{seconds * 1e3:.1f} | {count}")
+        print(f"| {op_type} | " + " | ".join(cells) + " |")
+    rest = [sum(s for t, (s, _) in by_type.items()
+                if t not in dict(total.most_common(top))) for _, _, by_type, _ in results]
+    print("| other op types | " + " | ".join(f"{r * 1e3:.1f} | " for r in rest))
+    print("| all kernels | " + " | ".join(
+        f"{sum(s for s, _ in by_type.values()) * 1e3:.1f} | "
+        f"{sum(n for _, n in by_type.values())}" for _, _, by_type, _ in results) + " |")
+    print("| executor outside kernels | " + " | ".join(
+        f"{executor * 1e3:.1f} | " for *_, executor in results))
+    print()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--saved_model", required=True, help="Export version directory.")
+    parser.add_argument("--compare", help="A second export version directory, profiled "
+                        "in the same run (e.g. the previous code's export).")
+    parser.add_argument("--src", default=str(MULTI30K / "test2016.en"))
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--top", type=int, default=14, help="Op types listed.")
+    args = parser.parse_args(argv)
+    with open(args.src, encoding="utf-8") as f:
+        texts = f.read().splitlines()
+    exports = [("this", args.saved_model)] + ([("compare", args.compare)] if args.compare
+                                              else [])
+    batch, single = [], []
+    for label, path in exports:
+        function = tf.saved_model.load(path).signatures["serving_default"]
+        batch.append((label, *profile(function, texts[:args.batch_size], args.repeats)))
+        single.append((label, *profile(function, texts[:1], args.repeats)))
+
+    print()
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    for name, value in (("machine", f"{machine.describe()}, load average {load} at the end"),
+                        ("python", platform.python_version()),
+                        ("tensorflow", tf.__version__),
+                        ("tf-text", tensorflow_text.__version__),
+                        ("this", args.saved_model),
+                        ("compare", args.compare or "-"),
+                        ("command", "python " + " ".join(map(shlex.quote, sys.argv)))):
+        print(f"{name:>10}: {value}")
+    print()
+    print_table(f"serving_default, the first {args.batch_size} test2016 sentences in one "
+                "call, beam 4", batch, args.top)
+    print_table("serving_default, the first test2016 sentence alone, beam 4", single, args.top)
+
+
+if __name__ == "__main__":
+    start = time.perf_counter()
+    main()
+    print(f"({time.perf_counter() - start:.0f} s)")
