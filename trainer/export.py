@@ -1,6 +1,6 @@
 """python -m trainer.export --model_dir=DIR [--export_dir=DIR] [--average_last=N]
-[--format=saved_model|ctranslate2] [--quantization=int8|int16|float32]: write a model
-directory's model for serving.
+[--precision=float32|bfloat16] [--format=saved_model|ctranslate2]
+[--quantization=int8|int16|float32]: write a model directory's model for serving.
 
 --format=saved_model (the default) writes the next SavedModel version, for TF Serving or
 any TensorFlow program with tensorflow_text (layout and signatures:
@@ -27,6 +27,9 @@ flags.DEFINE_integer("average_last", 0, "Export the mean of the last N checkpoin
 flags.DEFINE_integer("beam_size", 4, "SavedModel: beam size of every signature (and k of "
                      "nbest). CTranslate2 takes it per request.")
 flags.DEFINE_float("alpha", 0.6, "SavedModel: length penalty exponent.")
+flags.DEFINE_enum("precision", "float32", ("float32", "bfloat16"), "SavedModel: what the "
+                  "graph computes in; bfloat16 (bfloat16 weights and matmuls, float32 "
+                  "softmaxes and scores) is faster on CPUs with AVX-512 BF16 or AMX.")
 flags.DEFINE_string("quantization", "int8", "CTranslate2: the weights' type (int8, "
                     "int8_float32, int16, float32, bfloat16, int8_bfloat16).")
 
@@ -61,7 +64,7 @@ def main(argv):
     from trainer.serving import saved_model
     try:
         path = saved_model.export(FLAGS.model_dir, export_dir, FLAGS.beam_size, FLAGS.alpha,
-                                  FLAGS.average_last)
+                                  FLAGS.average_last, FLAGS.precision)
     except (FileNotFoundError, ValueError) as e:
         cli.fail(str(e))
     print(f"exported SavedModel to {path}")

@@ -37,6 +37,7 @@ from typing import List, Tuple
 
 import tensorflow as tf
 
+from keras_transformer import Transformer
 from trainer.data import tokenizer as tokenizer_lib
 from trainer.serving import warmup
 from trainer.serving.signatures import Translator
@@ -44,6 +45,8 @@ from trainer.training import checkpoint_averaging
 
 SIGNATURES = warmup.SIGNATURES
 INFO_FILE = "export.json"
+# What the exported graph computes its matmuls in (trainer.export --precision).
+PRECISIONS = ("float32", "bfloat16")
 
 
 def versions(export_dir: str) -> List[int]:
@@ -73,18 +76,34 @@ def load(saved_model: str):
 
 
 def build_translator(model_dir: str, beam_size: int = 4, alpha: float = 0.6,
-                     average_last: int = 0) -> Tuple[Translator, List[str]]:
-    """(Translator of the float32 model of model_dir, checkpoint prefixes it comes from):
-    the latest checkpoint, or the mean of the last `average_last` ones."""
+                     average_last: int = 0, precision: str = "float32"
+                     ) -> Tuple[Translator, List[str]]:
+    """(Translator of the model of model_dir, checkpoint prefixes it comes from): the
+    latest checkpoint, or the mean of the last `average_last` ones.
+
+    precision: one of PRECISIONS: "float32", or "bfloat16" for CPUs with AVX-512 BF16
+      or AMX: weights and activations in bfloat16, attention softmax, log-probs and
+      scores in float32. bfloat16 weights rather than float32 ones cast at every
+      decoding step (Keras' mixed_bfloat16): the casts cost more than the matmuls save.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of "
+                         f"{', '.join(PRECISIONS)}")
     model, paths = checkpoint_averaging.final_model(model_dir, average_last)
+    if precision == "bfloat16":
+        float32_model = model
+        model = Transformer(float32_model.config, dtype="bfloat16")
+        model.build()
+        model.set_weights(float32_model.get_weights())
     tokenizers = tokenizer_lib.load_or_train(model_dir, None)
     return Translator(model, tokenizers, beam_size=beam_size, alpha=alpha), paths
 
 
 def export(model_dir: str, export_dir: str, beam_size: int = 4, alpha: float = 0.6,
-           average_last: int = 0) -> str:
+           average_last: int = 0, precision: str = "float32") -> str:
     """Exports model_dir's model as the next version in export_dir; returns its path."""
-    translator, checkpoints = build_translator(model_dir, beam_size, alpha, average_last)
+    translator, checkpoints = build_translator(model_dir, beam_size, alpha, average_last,
+                                               precision)
     # The vocabulary travels as an asset (assets/<name>) for clients that tokenize
     # themselves (translate_ids); the graph carries its own copy inside the tf-text op.
     for role, tok in (("source", translator.source_tokenizer),
@@ -93,7 +112,7 @@ def export(model_dir: str, export_dir: str, beam_size: int = 4, alpha: float = 0
     signatures = {name: getattr(translator, "translate" if name == "serving_default" else name
                                 ).get_concrete_function() for name in SIGNATURES}
     info = {"model_dir": os.path.abspath(model_dir), "checkpoints": checkpoints,
-            "beam_size": beam_size, "alpha": alpha,
+            "beam_size": beam_size, "alpha": alpha, "precision": precision,
             "model": translator.model.config.to_dict(),
             "signatures": list(signatures)}
 

@@ -1,0 +1,213 @@
+"""Benchmark: our SavedModel against CTranslate2 on the same weights, sentences and threads.
+
+One run measures, on Multi30k test2016 (1,000 sentences), beam 4, alpha 0.6, batches of
+--batch_size, each system in its own process:
+
+  - throughput (sentences/s, best of --repeats, 2 threads: TensorFlow's intra- and inter-op
+    pools, CTranslate2's intra_threads) in file order and sorted by length, text in
+    and text out: our `serving_default` (tokenization in the graph) and CTranslate2's
+    `translate_batch` with SentencePiece encoding and decoding in Python around it;
+  - single-sentence latency, p50 and p95 over the first --latency_sentences sentences sent
+    one request at a time, in file order and sorted by length, with 2 threads and with 1
+    (CTranslate2 with 2 OpenMP threads is 4x slower on one sentence than with 1 here);
+  - sacreBLEU and chrF of each system's translations against the references.
+
+Rows: each SavedModel given (--saved_model float32, --saved_model_bfloat16 from
+`python -m trainer.export --precision=bfloat16`) and the CTranslate2 model directory of the
+same checkpoints (`python -m trainer.export --format=ctranslate2 --quantization=float32`)
+loaded with compute_type float32, int8 and bfloat16 (where the CPU has it). CTranslate2 uses its length penalty
+(log-prob / length^alpha, ours ((5 + length) / 6)^alpha), suppresses <pad> and <s> (never
+in our outputs) and may stop at 127 tokens (ours: source + 50, at most 127).
+
+  python bench/decoding_vs_ctranslate2.py --saved_model=EXPORT/1 \\
+      --saved_model_bfloat16=EXPORT_BF16/1 --ctranslate2=CT2_DIR
+"""
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, List
+
+import sacrebleu
+import sentencepiece
+
+MULTI30K = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
+                        "data", "multi30k")
+LATENCY_THREADS = (2, 1)  # CTranslate2's OpenMP pays for a second thread on one sentence
+
+
+def saved_model_translator(path: str, threads: int) -> Callable[[List[str]], List[str]]:
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    function = tf.saved_model.load(path).signatures["serving_default"]
+
+    def translate(texts):
+        outputs = function(inputs=tf.constant(texts))["translations"].numpy()
+        return [t.decode("utf-8") for t in outputs]
+    return translate
+
+
+def ctranslate2_translator(path: str, compute_type: str, threads: int
+                           ) -> Callable[[List[str]], List[str]]:
+    import ctranslate2
+    processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, "spm.model"))
+    translator = ctranslate2.Translator(path, device="cpu", compute_type=compute_type,
+                                        inter_threads=1, intra_threads=threads)
+
+    def translate(texts):
+        results = translator.translate_batch(
+            processor.encode(texts, out_type=str), beam_size=4, length_penalty=0.6,
+            max_decoding_length=127, min_decoding_length=0,
+            suppress_sequences=[["<pad>"], ["<s>"]])
+        return processor.decode([r.hypotheses[0] for r in results])
+    return translate
+
+
+def seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def throughput(translate, texts: List[str], batch_size: int, repeats: int):
+    """(best sentences/s of `repeats` passes, translations in the order of texts)."""
+    translate(texts[:batch_size])  # warm-up
+    best, outputs = float("inf"), []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        outputs = [t for i in range(0, len(texts), batch_size)
+                   for t in translate(texts[i:i + batch_size])]
+        best = min(best, time.perf_counter() - start)
+    return len(texts) / best, outputs
+
+
+def latency(translate, texts: List[str]):
+    """(p50, p95) milliseconds of one-sentence requests, one at a time."""
+    translate(texts[:1])
+    times = sorted(seconds(lambda t=t: translate([t])) * 1e3 for t in texts)
+    return statistics.median(times), times[int(round(0.95 * (len(times) - 1)))]
+
+
+def worker(args):
+    """One system at one thread count in this process; prints its results as JSON."""
+    engine, precision, threads = args.worker.split(":")
+    threads = int(threads)
+    with open(args.src, encoding="utf-8") as f:
+        texts = f.read().splitlines()
+    if engine == "ctranslate2":
+        try:
+            translate = ctranslate2_translator(args.ctranslate2, precision, threads)
+        except ValueError as e:  # a compute type this CPU lacks
+            print(json.dumps({"skipped": str(e)}))
+            return
+    else:
+        translate = saved_model_translator(
+            args.saved_model if precision == "float32" else args.saved_model_bfloat16, threads)
+    result = {}
+    if threads == 2:
+        with open(args.ref, encoding="utf-8") as f:
+            references = f.read().splitlines()
+        result["file_rate"], outputs = throughput(translate, texts, args.batch_size,
+                                                  args.repeats)
+        result["sorted_rate"], _ = throughput(
+            translate, sorted(texts, key=lambda t: len(t.split())), args.batch_size,
+            args.repeats)
+        result["bleu"] = sacrebleu.corpus_bleu(outputs, [references]).score
+        result["chrf"] = sacrebleu.corpus_chrf(outputs, [references]).score
+    first = texts[:args.latency_sentences]
+    result["latency"] = latency(translate, first)
+    result["sorted_latency"] = latency(translate, sorted(first, key=lambda t: len(t.split())))
+    print(json.dumps(result))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--saved_model", required=True, help="Float32 export version dir.")
+    parser.add_argument("--saved_model_bfloat16", help="The same checkpoints exported with "
+                        "--precision=bfloat16.")
+    parser.add_argument("--ctranslate2", required=True, help="The same checkpoints "
+                        "exported with --format=ctranslate2 --quantization=float32.")
+    parser.add_argument("--src", default=os.path.join(MULTI30K, "test2016.en"))
+    parser.add_argument("--ref", default=os.path.join(MULTI30K, "test2016.de"))
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--latency_sentences", type=int, default=200)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # engine:precision:threads
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args)
+
+    systems = [("this project, SavedModel", "saved_model", "float32")]
+    if args.saved_model_bfloat16:
+        systems.append(("this project, SavedModel", "saved_model", "bfloat16"))
+    systems += [("CTranslate2", "ctranslate2", c) for c in ("float32", "int8", "bfloat16")]
+    results = {}
+    for name, engine, precision in systems:
+        for threads in LATENCY_THREADS:
+            # Each in a fresh process: its own thread pools, and no TensorFlow beside
+            # CTranslate2.
+            out = subprocess.run([sys.executable, __file__, *sys.argv[1:],
+                                  f"--worker={engine}:{precision}:{threads}"],
+                                 check=True, capture_output=True, text=True).stdout
+            results[name, precision, threads] = json.loads(out.strip().splitlines()[-1])
+            print(f"  {name}, {precision}, {threads} threads: {results[name, precision, threads]}",
+                  file=sys.stderr)
+
+    import machine  # TensorFlow, for the matmul peak and the machine line
+    import tensorflow as tf
+    peaks = {d: machine.tf_matmul_peak(d, runs=5) for d in (tf.float32, tf.bfloat16)}
+    import ctranslate2
+    import tensorflow_text
+    print()
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    for key, value in (("machine", f"{machine.describe()}, load average {load} at the end"),
+                       ("peak", f"TensorFlow matmul {peaks[tf.float32]:.0f} GFLOP/s float32, "
+                                f"{peaks[tf.bfloat16]:.0f} bfloat16 (2048^3, this run)"),
+                       ("python", platform.python_version()),
+                       ("tensorflow", tf.__version__),
+                       ("tf-text", tensorflow_text.__version__),
+                       ("ctranslate2", ctranslate2.__version__),
+                       ("data", f"{args.src}, beam 4, alpha 0.6, batches of {args.batch_size}"),
+                       ("command", "python " + " ".join(map(shlex.quote, sys.argv)))):
+        print(f"{key:>11}: {value}")
+    print()
+    print(f"Throughput (2 threads, best of {args.repeats}, text in and out) and quality:")
+    print()
+    print("| system | precision | sentences/s, file order | sentences/s, sorted by length | "
+          "x CTranslate2 float32 | sacreBLEU | chrF |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    reference = results["CTranslate2", "float32", 2]["file_rate"]
+    for (name, precision, threads), r in results.items():
+        if threads == 2 and "skipped" not in r:
+            print(f"| {name} | {precision} | {r['file_rate']:.1f} | {r['sorted_rate']:.1f} | "
+                  f"{r['file_rate'] / reference:.2f}x | {r['bleu']:.2f} | {r['chrf']:.2f} |")
+    print()
+    print(f"Single-sentence latency, p50 / p95 ms over the first {args.latency_sentences} "
+          "sentences, one request at a time:")
+    print()
+    print("| system | precision | threads | file order | sorted by length |")
+    print("|---|---|---:|---:|---:|")
+    for (name, precision, threads), r in results.items():
+        if "skipped" in r:
+            continue
+        (p50, p95), (s50, s95) = r["latency"], r["sorted_latency"]
+        print(f"| {name} | {precision} | {threads} | {p50:.1f} / {p95:.1f} | "
+              f"{s50:.1f} / {s95:.1f} |")
+    skipped = [f"{n} {p}: {r['skipped']}" for (n, p, t), r in results.items()
+               if "skipped" in r and t == 2]
+    if skipped:
+        print()
+        print("Skipped: " + "; ".join(skipped))
+    print()
+
+
+if __name__ == "__main__":
+    main()
