@@ -63,16 +63,18 @@ def forced_decode(model, source_ids, length, use_cache):
     rows = tf.shape(source_ids)[0]
     seqs = tf.fill(tf.stack([rows, 1]), BOS_ID)
     if use_cache:
-        cache = model.initial_cache(encoder_output)
-        for i in tf.range(length):
-            # The cache grows by one position per step.
-            tf.autograph.experimental.set_loop_options(
-                shape_invariants=[(seqs, tf.TensorShape([None, None]))] + [
-                    (t, tf.TensorShape([None, None, None, t.shape[-1]]))
-                    for layer in cache for t in (layer["key"], layer["value"])])
+        def step(i, seqs, cache):
             logits, cache = model.decode_step(seqs[:, -1], i, cache, source_ids)
             next_ids = tf.argmax(logits, axis=-1, output_type=tf.int32)
-            seqs = tf.concat([seqs, next_ids[:, None]], axis=1)
+            return i + 1, tf.concat([seqs, next_ids[:, None]], axis=1), cache
+
+        # The sequences and the cache grow by one position per step.
+        cache = model.initial_cache(encoder_output)
+        loop_vars = (tf.constant(0), seqs, cache)
+        invariants = (tf.TensorShape([]), tf.TensorShape([None, None]), tf.nest.map_structure(
+            lambda t: tf.TensorShape([None, None, None, t.shape[-1]]), cache))
+        _, seqs, _ = tf.while_loop(lambda i, *_: i < length, step, loop_vars,
+                                   shape_invariants=invariants)
     else:
         for _ in tf.range(length):
             tf.autograph.experimental.set_loop_options(
