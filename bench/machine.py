@@ -20,12 +20,15 @@ V = vocabulary, N = layers:
 halve the self-attention count: the step computes the masked half too.
 """
 
+import collections
+import glob
 import os
 import platform
 import statistics
+import tempfile
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import tensorflow as tf
 
@@ -127,3 +130,44 @@ def forward_flops(config, batch: int, source_len: int, target_len: int) -> int:
 def update_flops(config, batch: int, source_len: int, target_len: int) -> int:
     """Forward + backward (2x forward) matmul FLOPs of one update on one batch."""
     return 3 * forward_flops(config, batch, source_len, target_len)
+
+
+# Kernel names in a TF profiler trace are "op name:OpType"; the executor's own spans are these.
+EXECUTOR_SPAN = "ExecutorState::Process"
+
+
+def kernel_profile(fn) -> Tuple[Dict[str, Tuple[float, int]], float]:
+    """({op type: (kernel seconds, kernels run)}, executor seconds outside kernels) of one
+    call of fn() under the TensorFlow profiler, from its trace (`*.xplane.pb`).
+
+    On 2 cores TensorFlow runs two ops at once, so kernel time can exceed wall time; the
+    executor figure is the time the executor threads spent outside any kernel (scheduling,
+    allocation, control flow): per-op dispatch. oneDNN kernels ("_Mkl" prefixes) count
+    under their op type.
+    """
+    log_dir = tempfile.mkdtemp(prefix="kernel_profile_")
+    tf.profiler.experimental.start(log_dir)
+    fn()
+    tf.profiler.experimental.stop()
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    space = xplane_pb2.XSpace()
+    with open(glob.glob(os.path.join(log_dir, "**", "*.xplane.pb"), recursive=True)[0],
+              "rb") as f:
+        space.ParseFromString(f.read())
+    by_type = collections.defaultdict(lambda: [0.0, 0])
+    executor = kernels = 0.0
+    for plane in space.planes:
+        names = plane.event_metadata
+        for line in plane.lines:
+            if not line.name.startswith("tf_Compute"):
+                continue
+            for event in line.events:
+                name, seconds = names[event.metadata_id].name, event.duration_ps / 1e12
+                if name == EXECUTOR_SPAN:
+                    executor += seconds
+                elif ":" in name:
+                    op_type = name.rsplit(":", 1)[1].replace("_Mkl", "")
+                    by_type[op_type][0] += seconds
+                    by_type[op_type][1] += 1
+                    kernels += seconds
+    return {k: tuple(v) for k, v in by_type.items()}, max(executor - kernels, 0.0)

@@ -15,12 +15,10 @@ allocation, the while loop's control flow): per-op dispatch. Not a test: run it 
 
 import argparse
 import collections
-import glob
 import os
 import platform
 import shlex
 import sys
-import tempfile
 import time
 from typing import Dict, Tuple
 
@@ -30,9 +28,6 @@ import tensorflow_text
 import machine
 from machine import MULTI30K
 
-# Kernel names in the trace are "op name:OpType"; the executor's own spans are these.
-EXECUTOR_SPAN = "ExecutorState::Process"
-
 
 def profile(function, texts, repeats: int) -> Tuple[float, Dict[str, Tuple[float, int]], float]:
     """(best wall seconds of `repeats` calls, {op type: (kernel seconds, kernels run)} of
@@ -40,32 +35,7 @@ def profile(function, texts, repeats: int) -> Tuple[float, Dict[str, Tuple[float
     inputs = tf.constant(texts)
     function(inputs=inputs)  # warm-up: thread pools, first-call allocations
     wall = min(machine.seconds(lambda: function(inputs=inputs)) for _ in range(repeats))
-    log_dir = tempfile.mkdtemp(prefix="profile_decoding_")
-    tf.profiler.experimental.start(log_dir)
-    function(inputs=inputs)
-    tf.profiler.experimental.stop()
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    space = xplane_pb2.XSpace()
-    with open(glob.glob(os.path.join(log_dir, "**", "*.xplane.pb"), recursive=True)[0],
-              "rb") as f:
-        space.ParseFromString(f.read())
-    by_type = collections.defaultdict(lambda: [0.0, 0])
-    executor = kernels = 0.0
-    for plane in space.planes:
-        names = plane.event_metadata
-        for line in plane.lines:
-            if not line.name.startswith("tf_Compute"):
-                continue
-            for event in line.events:
-                name, seconds = names[event.metadata_id].name, event.duration_ps / 1e12
-                if name == EXECUTOR_SPAN:
-                    executor += seconds
-                elif ":" in name:
-                    op_type = name.rsplit(":", 1)[1].replace("_Mkl", "")
-                    by_type[op_type][0] += seconds
-                    by_type[op_type][1] += 1
-                    kernels += seconds
-    return wall, {k: tuple(v) for k, v in by_type.items()}, max(executor - kernels, 0.0)
+    return (wall, *machine.kernel_profile(lambda: function(inputs=inputs)))
 
 
 def print_table(title, results, top):
