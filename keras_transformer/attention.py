@@ -6,6 +6,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_transformer.dropout import Dropout
 from keras_transformer.masking import MASKED_LOGIT
 
 
@@ -87,7 +88,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.key_dense = keras.layers.Dense(num_heads * self.key_dim, name="key", **dense)
         self.value_dense = keras.layers.Dense(num_heads * self.value_dim, name="value", **dense)
         self.output_dense = keras.layers.Dense(d_model, name="output", **dense)
-        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.dropout_layer = Dropout(dropout, dtype=self.dtype_policy)
 
     def build(self, query_shape, value_shape=None):
         value_shape = query_shape if value_shape is None else value_shape

@@ -2,6 +2,9 @@
 
 import keras
 
+from keras_transformer.dropout import Dropout
+from keras_transformer.normalization import LayerNormalization
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Residual(keras.layers.Layer):
@@ -32,8 +35,8 @@ class Residual(keras.layers.Layer):
         super().__init__(**kwargs)
         self.dropout = dropout
         self.pre_norm = pre_norm
-        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
-        self.layer_norm = keras.layers.LayerNormalization(epsilon=1e-6, name="layer_norm",
+        self.dropout_layer = Dropout(dropout, dtype=self.dtype_policy)
+        self.layer_norm = LayerNormalization(epsilon=1e-6, name="layer_norm",
                                                           dtype=self.dtype_policy)
 
     def build(self, x_shape, sublayer_output_shape=None):

@@ -2,6 +2,7 @@
 "a stack of N = 6 identical layers")."""
 
 import keras
+from keras_transformer.normalization import LayerNormalization
 
 
 class LayerStack(keras.layers.Layer):
@@ -25,7 +26,7 @@ class LayerStack(keras.layers.Layer):
         for i in range(num_layers):
             setattr(self, f"layer_{i}", self.layer_class(**self.layer_args, name=f"layer_{i}",
                                                          dtype=self.dtype_policy))
-        self.final_norm = (keras.layers.LayerNormalization(epsilon=1e-6, name="final_norm",
+        self.final_norm = (LayerNormalization(epsilon=1e-6, name="final_norm",
                                                            dtype=self.dtype_policy)
                            if pre_norm else None)
 

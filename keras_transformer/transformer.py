@@ -5,6 +5,7 @@ from keras import ops
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.decoder import Decoder
+from keras_transformer.dropout import Dropout
 from keras_transformer.embedding import SharedEmbedding
 from keras_transformer.encoder import Encoder
 from keras_transformer.masking import causal_mask, padding_mask
@@ -82,8 +83,8 @@ class Transformer(keras.Model):
                           kind=config.positional, **policy)
         self.source_positions = PositionalEncoding(name="source_positions", **positional)
         self.target_positions = PositionalEncoding(name="target_positions", **positional)
-        self.source_dropout_layer = keras.layers.Dropout(config.dropout, **policy)
-        self.target_dropout_layer = keras.layers.Dropout(config.dropout, **policy)
+        self.source_dropout_layer = Dropout(config.dropout, **policy)
+        self.target_dropout_layer = Dropout(config.dropout, **policy)
         self.encoder = Encoder(name="encoder", **stack, **policy)
         self.decoder = Decoder(name="decoder", **stack, **policy)
 
