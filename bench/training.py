@@ -11,7 +11,7 @@ In one process, on this machine:
      vocabulary, max_len 64, 4096 padded tokens per batch, Adam on the warm-up
      schedule, label-smoothed loss), fed by the real input pipeline; --warmup_steps
      updates (tracing, first shapes) are run and not timed, then --steps updates are
-     timed exactly as `Trainer.train` runs them (accumulate, apply, read the stats).
+     timed as `Trainer.train` runs them (accumulate, apply; no host read in between).
      A timed update whose batch shape is new pays a one-off compilation (oneDNN
      primitives; XLA) and is reported apart, not in the rates;
   3. model FLOPs of every timed update from the config and that update's batch shape,
@@ -142,15 +142,19 @@ class Update(NamedTuple):
 
 
 def time_updates(trainer: Trainer, steps: int) -> List[Update]:
-    """`steps` updates, each read back like Trainer.train does (so none overlaps the next)."""
+    """`steps` updates as Trainer.train runs them (accumulate, apply; statistics left on
+    the device). Each update's statistics are read after its clock stops: TensorFlow
+    runs a CPU function call to completion before returning, so the clock holds the
+    whole update."""
     updates = []
     for _ in range(steps):
         start, cpu_start = time.perf_counter(), time.process_time()
-        trainer.accumulate(trainer.iterator)
+        for _ in range(trainer.run.accum_steps):
+            trainer.accumulate(trainer.iterator)
         stats = trainer.apply()
-        loss = float(stats.loss)
-        updates.append(Update(time.perf_counter() - start, time.process_time() - cpu_start,
-                              loss, float(stats["source_tokens"] + stats["target_tokens"])))
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+        updates.append(Update(seconds, cpu_seconds, float(stats.loss),
+                              float(stats.source_tokens + stats.target_tokens)))
     return updates
 
 
@@ -303,7 +307,7 @@ def main(argv=None):
                    f"batch_tokens {args.batch_tokens}, 1 replica, Adam, schedule warm-up "
                    f"{args.schedule_warmup_steps}"),
         ("timing", f"{args.warmup_steps} untimed then {args.steps} timed updates per row, "
-                   "fed by the input pipeline, each read back; rates leave out the first "
+                   "fed by the input pipeline; rates leave out the first "
                    "update of a new shape; batch shapes timed (batch x length: updates): "
                    + ", ".join(f"{b}x{l}: {n}" for (b, l), n in sorted(
                        shapes.items(), key=lambda item: item[0][1]))),

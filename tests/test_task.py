@@ -97,15 +97,28 @@ def test_kill_9_mid_training_then_the_same_command_resumes(tmp_path):
     assert latest_step(model_dir) == killed_at + 10
 
 
-def test_a_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+@pytest.mark.parametrize("interval", [1, 4])
+def test_a_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
+        tmp_path, interval):
+    """With interval 4 the host reads every 4th update: the step named is still the
+    first bad one, and no checkpoint is written after it."""
     model_dir = str(tmp_path / "run")
-    result = task(*QUICK, "--precision=float32", "--train_steps=200", "--checkpoint_every=1",
+    result = task(*QUICK, "--precision=float32", "--train_steps=200",
+                  f"--checkpoint_every={interval}", f"--log_every={interval}",
                   "--learning_rate_scale=1e12", f"--model_dir={model_dir}")
     assert result.returncode == 1
     message = result.stderr.strip().splitlines()[-1]
     assert "non-finite loss" in message and "at step" in message, message
     step = int(message.split("at step ")[1].split(";")[0])
-    assert latest_step(model_dir) == step - 1
+    logged = [int(line.split()[1].split("/")[0]) for line in result.stdout.splitlines()
+              if line.startswith("step ")]
+    assert all(s < step for s in logged) and all(s % interval == 0 for s in logged)
+    good = (step - 1) // interval * interval
+    if good == 0:
+        assert tf.train.latest_checkpoint(model_dir) is None
+        assert "no checkpoint" in message
+        return
+    assert latest_step(model_dir) == good
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(model_dir))
     for name, _ in tf.train.list_variables(tf.train.latest_checkpoint(model_dir)):
         if name.startswith("model/"):

@@ -57,17 +57,15 @@ class ProgressLog:
                        if enabled else None)
         self.start_time = self.last_time = time.time()
         self.start_step = start_step
-        self.tokens = 0.0
         self.line_open = False
 
-    def update(self, step: int, stats: StepStatistics):
-        """Counts an update's tokens; at an interval (or the last step), reports."""
-        self.tokens += float(stats.source_tokens) + float(stats.target_tokens)
-        if step % self.log_every and step != self.train_steps:
-            return
+    def update(self, step: int, stats: StepStatistics, tokens: float):
+        """Reports `step`'s statistics; `tokens` are the source and target tokens of
+        the updates since the last report. The trainer calls it every log_every updates
+        and at the last one."""
         now = time.time()
-        tokens_per_second = self.tokens / max(now - self.last_time, 1e-9)
-        self.last_time, self.tokens = now, 0.0
+        tokens_per_second = tokens / max(now - self.last_time, 1e-9)
+        self.last_time = now
         if not self.enabled:
             return
         with self.writer.as_default(step=step):

@@ -6,9 +6,15 @@ One optimisation step is `accum_steps` microbatches per replica. Each microbatch
 gradient of its *summed* label-smoothed loss to a per-replica accumulator; the update
 all-reduces the accumulators and divides by the number of target tokens in the whole
 step, so 2 accumulated batches of B give the same update as one batch of 2B.
+
+The update is one all-reduce (the gradient sums and the step's totals in one call), after
+which Adam runs on each replica's copy of the variables from that replica's copy of the
+reduced gradients (the cross-replica context: Keras' optimizer, called from a replica,
+would all-reduce them again). Nothing is read back to the host between updates: the
+statistics are read every `log_every` updates, and a non-finite loss is noted on the
+device with its step and raised at the next read, before any checkpoint is written.
 """
 
-import math
 import time
 from typing import Callable, Dict, NamedTuple, Optional
 
@@ -78,6 +84,10 @@ class Trainer:
                 for i, v in enumerate(model.trainable_variables)]
             self.totals = Totals(*(tf.Variable(0.0, name=name, **on_read)
                                    for name in Totals._fields))
+            # Kept on the device between the host's reads (every log_every updates).
+            self.tokens_since_read = tf.Variable(0.0, trainable=False, name="tokens_since_read")
+            self.first_nonfinite_step = tf.Variable(tf.constant(0, tf.int64), trainable=False,
+                                                    name="first_nonfinite_step")
         self.accumulate = tf.function(self._accumulate)
         self.apply = tf.function(self._apply)
         self.gradients = tf.function(self._gradients, jit_compile=run.jit_compile)
@@ -123,36 +133,78 @@ class Trainer:
         self.strategy.run(step_fn, args=(next(iterator),))
 
     def _apply(self) -> StepStatistics:
-        """One update from the accumulated gradients; returns the step's statistics."""
+        """One update from the accumulated gradients, with one all-reduce; returns the
+        step's statistics as tensors (Trainer.train reads them every log_every updates)."""
 
-        def apply_fn():
+        def reduce_fn():
             context = tf.distribute.get_replica_context()
-            totals = Totals(*context.all_reduce(tf.distribute.ReduceOp.SUM,
-                                                [t.read_value() for t in self.totals]))
+            # The one all-reduce of the update: the totals travel with the gradients.
+            reduced = context.all_reduce(
+                tf.distribute.ReduceOp.SUM,
+                [t.read_value() for t in self.totals]
+                + [g.read_value() for g in self.gradient_sums])
+            totals = Totals(*reduced[:len(Totals._fields)])
             tokens = tf.maximum(totals.target_tokens, 1.0)
-            grads = context.all_reduce(tf.distribute.ReduceOp.SUM,
-                                       [g.read_value() for g in self.gradient_sums])
-            grads = [g / tokens for g in grads]
-            is_scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
-            scale = self.optimizer.dynamic_scale if is_scaled else tf.constant(1.0)
-            learning_rate = self.optimizer.learning_rate
-            # The gradients are already summed over replicas and identical on each; the
-            # optimizer sums them again, so hand it 1/replicas of the total.
-            replicas = tf.cast(context.num_replicas_in_sync, tf.float32)
-            self.optimizer.apply_gradients(
-                zip([g / replicas for g in grads], self.model.trainable_variables))
+            scale = self._loss_scale()
+            grads = [g / (tokens * scale) for g in reduced[len(Totals._fields):]]
             for variable in [*self.gradient_sums, *self.totals]:
                 variable.assign(tf.zeros_like(variable))
-            scale = tf.cast(scale, tf.float32)
-            return StepStatistics(
+            return grads, StepStatistics(
                 loss=totals.loss_sum / tokens, token_accuracy=totals.correct_tokens / tokens,
                 target_tokens=totals.target_tokens, source_tokens=totals.source_tokens,
-                gradient_norm=tf.linalg.global_norm(grads) / scale, loss_scale=scale,
-                learning_rate=tf.cast(learning_rate, tf.float32))
+                gradient_norm=tf.linalg.global_norm(grads), loss_scale=scale,
+                learning_rate=tf.cast(self.optimizer.learning_rate, tf.float32))
 
-        per_replica = self.strategy.run(apply_fn)
-        return tf.nest.map_structure(lambda t: self.strategy.experimental_local_results(t)[0],
-                                     per_replica)
+        grads, stats = self.strategy.run(reduce_fn)
+        stats = tf.nest.map_structure(lambda t: self.strategy.experimental_local_results(t)[0],
+                                      stats)
+        self._update(grads, finite=tf.math.is_finite(stats.gradient_norm))
+        self.tokens_since_read.assign_add(stats.source_tokens + stats.target_tokens)
+        # The first update whose loss is not finite, kept until the host reads it.
+        bad = tf.logical_and(tf.logical_not(tf.math.is_finite(stats.loss)),
+                             self.first_nonfinite_step == 0)
+        self.first_nonfinite_step.assign(tf.where(
+            bad, tf.cast(self.optimizer.iterations, tf.int64), self.first_nonfinite_step))
+        return stats
+
+    def _loss_scale(self) -> tf.Tensor:
+        """float16's dynamic loss scale, 1 for other precisions (float32 [])."""
+        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+            return tf.cast(self.optimizer.dynamic_scale, tf.float32)
+        return tf.constant(1.0)
+
+    def _update(self, grads, finite):
+        """Adam on every replica's copy of the variables, from that replica's copy of the
+        all-reduced gradients, in the cross-replica context: Keras' apply, called from a
+        replica, would all-reduce them a second time.
+
+        float16: the gradients are the same on every replica, and so is `finite`; a
+        non-finite update is skipped (still counted in iterations, as tf.keras did) and
+        the loss scale halves, every `dynamic_growth_steps` finite ones double it, as
+        keras.optimizers.LossScaleOptimizer does.
+        """
+        optimizer = self.optimizer
+        scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        adam = optimizer.inner_optimizer if scaled else optimizer
+        learning_rate = tf.convert_to_tensor(adam.learning_rate)
+
+        def apply_adam():
+            for grad, variable in zip(grads, self.model.trainable_variables):
+                self.strategy.extended.update(
+                    variable.value, lambda v, g: adam.update_step(g, v, learning_rate),
+                    args=(grad,), group=False)
+
+        if not scaled:
+            apply_adam()
+        else:
+            tf.cond(finite, apply_adam, lambda: None)
+            grow = tf.logical_and(finite, tf.equal(optimizer.step_counter,
+                                                   optimizer.dynamic_growth_steps - 1))
+            optimizer.dynamic_scale.assign(optimizer.dynamic_scale * tf.where(
+                finite, tf.where(grow, 2.0, 1.0), 0.5))
+            optimizer.step_counter.assign(tf.where(
+                tf.logical_and(finite, tf.logical_not(grow)), optimizer.step_counter + 1, 0))
+        adam.iterations.assign_add(1)
 
     def train(self) -> Dict[str, float]:
         """Trains from the latest checkpoint (if any) to `run.train_steps` updates, or
@@ -176,20 +228,18 @@ class Trainer:
         while step < run.train_steps:
             for _ in range(run.accum_steps):
                 self.accumulate(self.iterator)
-            stats = StepStatistics(*(float(value) for value in self.apply()))
-            if not math.isfinite(stats.loss):
-                progress.close()
-                raise TrainingError(
-                    f"non-finite loss ({stats.loss}) at step {step + 1}; stopping. The last "
-                    f"good checkpoint is {self.checkpointer.latest}")
-            step = self.step
-            progress.update(step, stats)
+            stats = self.apply()  # tensors: the host reads only at the intervals below
+            step += 1
             out_of_time = deadline is not None and time.time() > deadline
+            last = step == run.train_steps or out_of_time
+            if step % run.log_every == 0 or last:
+                self._raise_if_nonfinite(progress)
+                progress.update(step, stats, self._tokens_since_read())
             if out_of_time:
                 progress.end_line()
                 self.log(f"time budget of {run.max_train_minutes:g} minutes spent at step {step}")
-            last = step == run.train_steps or out_of_time
             if step % run.checkpoint_every == 0 or last:
+                self._raise_if_nonfinite(progress)
                 self.checkpointer.save(step)
             if self.validator is not None and self.chief and (step % run.eval_every == 0 or last):
                 progress.end_line()
@@ -199,4 +249,20 @@ class Trainer:
             if out_of_time:
                 break
         progress.close()
-        return {**{f"train_{k}": v for k, v in stats._asdict().items()}, **metrics}
+        return {**{f"train_{k}": float(v) for k, v in stats._asdict().items()}, **metrics}
+
+    def _raise_if_nonfinite(self, progress: ProgressLog):
+        """Raises TrainingError naming the first update whose loss was not finite, if any;
+        the last checkpoint, written before it, is kept."""
+        bad_step = int(self.first_nonfinite_step.numpy())
+        if bad_step:
+            progress.close()
+            kept = (f"the last good checkpoint is {self.checkpointer.latest}"
+                    if self.checkpointer.latest else "no checkpoint was written before it")
+            raise TrainingError(f"non-finite loss at step {bad_step}; stopping: {kept}")
+
+    def _tokens_since_read(self) -> float:
+        """Source + target tokens of the updates since the last call (a host read)."""
+        tokens = float(self.tokens_since_read.numpy())
+        self.tokens_since_read.assign(0.0)
+        return tokens
