@@ -76,6 +76,8 @@ class Trainer:
         self.model, self.optimizer, self.data, self.strategy = model, optimizer, data, strategy
         self.run, self.checkpointer, self.validator, self.log = run, checkpointer, validator, log
         self.chief = distribute.is_chief()
+        # float16: the loss is scaled, and the update unscales and may skip (see _update).
+        self.loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         with strategy.scope():
             on_read = dict(synchronization=tf.VariableSynchronization.ON_READ,
                            aggregation=tf.VariableAggregation.SUM, trainable=False)
@@ -111,8 +113,7 @@ class Trainer:
             logits = self.model((source_ids, target_input_ids), training=True)
             loss_sum, tokens = label_smoothed_cross_entropy(target_output_ids, logits,
                                                             self.model.config.label_smoothing)
-            scaled = (self.optimizer.scale_loss(loss_sum)
-                      if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
+            scaled = (self.optimizer.scale_loss(loss_sum) if self.loss_scaled
                       else loss_sum)
         grads = tape.gradient(scaled, self.model.trainable_variables)
         totals = Totals(loss_sum, tokens, correct_tokens(target_output_ids, logits),
@@ -169,7 +170,7 @@ class Trainer:
 
     def _loss_scale(self) -> tf.Tensor:
         """float16's dynamic loss scale, 1 for other precisions (float32 [])."""
-        if isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer):
+        if self.loss_scaled:
             return tf.cast(self.optimizer.dynamic_scale, tf.float32)
         return tf.constant(1.0)
 
@@ -184,8 +185,7 @@ class Trainer:
         keras.optimizers.LossScaleOptimizer does.
         """
         optimizer = self.optimizer
-        scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-        adam = optimizer.inner_optimizer if scaled else optimizer
+        adam = optimizer.inner_optimizer if self.loss_scaled else optimizer
         learning_rate = tf.convert_to_tensor(adam.learning_rate)
 
         def apply_adam():
@@ -194,7 +194,7 @@ class Trainer:
                     variable.value, lambda v, g: adam.update_step(g, v, learning_rate),
                     args=(grad,), group=False)
 
-        if not scaled:
+        if not self.loss_scaled:
             apply_adam()
         else:
             tf.cond(finite, apply_adam, lambda: None)
