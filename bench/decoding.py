@@ -35,7 +35,7 @@ import sentencepiece
 import tensorflow as tf
 import tensorflow_text
 
-from keras_transformer import BOS_ID
+from keras_transformer import BOS_ID, padding_mask
 from trainer.serving import saved_model
 from trainer.serving.client import translate_texts
 
@@ -63,8 +63,10 @@ def forced_decode(model, source_ids, length, use_cache):
     rows = tf.shape(source_ids)[0]
     seqs = tf.fill(tf.stack([rows, 1]), BOS_ID)
     if use_cache:
+        weights, source_mask = model.step_weights(length), padding_mask(source_ids)
+
         def step(i, seqs, cache):
-            logits, cache = model.decode_step(seqs[:, -1], i, cache, source_ids)
+            logits, cache = model.decode_step(seqs[:, -1], i, cache, source_mask, weights)
             next_ids = tf.argmax(logits, axis=-1, output_type=tf.int32)
             return i + 1, tf.concat([seqs, next_ids[:, None]], axis=1), cache
 

@@ -37,6 +37,25 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_layer=Non
     return ops.einsum("bhqk,bhkd->bhqd", attended, value), weights
 
 
+def _step_attention(query, key, value, mask=None):
+    """softmax(Q K^T) V for a decoding step, the queries already scaled by 1 / sqrt(d_k)
+    (MultiHeadAttention.step_weights): the ops of `scaled_dot_product_attention` in
+    inference, without Keras' shape plumbing.
+
+    Args:
+      query: [batch, heads, q_len, d_k]; key: [batch, heads, k_len, d_k];
+      value: [batch, heads, k_len, d_v]; mask: bool broadcastable to
+      [batch, heads, q_len, k_len], or None.
+    Returns:
+      [batch, heads, q_len, d_v].
+    """
+    logits = tf.cast(tf.matmul(query, key, transpose_b=True), tf.float32)
+    if mask is not None:
+        logits = tf.where(mask, logits, MASKED_LOGIT)
+    weights = tf.nn.softmax(logits, axis=-1)  # [batch, heads, q_len, k_len]
+    return tf.matmul(tf.cast(weights, value.dtype), value)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention, section 3.2.2: Concat(head_1..head_h) W^O,
@@ -60,8 +79,9 @@ class MultiHeadAttention(keras.layers.Layer):
       -> [batch, q_len, d_model] (and float32 weights [batch, heads, q_len, k_len]
       with return_attention_scores=True).
 
-    Decoding reuses the pieces: `project_key_value` once per source sentence or per
-    step, then `attend` with a (cached) key/value pair.
+    Incremental decoding uses `step_weights` (read once per search), then
+    `self_attention_step` and `cross_attention_step` (keys and values of the source
+    from `project_key_value`, once per sentence) at every step.
 
     Example:
 
@@ -99,49 +119,108 @@ class MultiHeadAttention(keras.layers.Layer):
         self.built = True
 
     def _split_heads(self, x, depth):
-        """[batch, len, heads * depth] -> [batch, heads, len, depth]; a matrix
-        [rows, heads * depth] (one position per row) -> [rows, heads, 1, depth]."""
-        if len(x.shape) == 2:
-            return ops.reshape(x, (ops.shape(x)[0], self.num_heads, 1, depth))
+        """[batch, len, heads * depth] -> [batch, heads, len, depth]."""
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         return ops.transpose(ops.reshape(x, (batch, length, self.num_heads, depth)), (0, 2, 1, 3))
 
     def project_key_value(self, value):
         """Per-head keys and values of `value` [batch, k_len, d_model]:
-        ([batch, heads, k_len, d_k], [batch, heads, k_len, d_v]); of `value`
-        [rows, d_model] (one position per row, in decoding): k_len = 1."""
+        ([batch, heads, k_len, d_k], [batch, heads, k_len, d_v])."""
         return (self._split_heads(self.key_dense(value), self.key_dim),
                 self._split_heads(self.value_dense(value), self.value_dim))
 
     def attend(self, query, key_value, attention_mask=None, training=None):
-        """Attention of `query` over projected `key_value` (from `project_key_value`).
+        """Attention of `query` [batch, q_len, d_model] over projected `key_value`
+        ([batch, heads, k_len, d_k], [..., d_v]) from `project_key_value`, with
+        attention_mask bool broadcastable to [batch, heads, q_len, k_len].
 
-        Args:
-          query: [batch, q_len, d_model]; or, in decoding, [rows, d_model] with one
-            position per row: the keys then have `groups` rows, a divisor of rows, and
-            the rows / groups adjacent rows of a group (a sentence's beams) are its
-            queries of the same keys.
-          key_value: ([batch or groups, heads, k_len, d_k], [..., d_v]).
-          attention_mask: bool broadcastable to [batch or groups, heads, q_len, k_len].
-        Returns:
-          ([batch, q_len, d_model] or [rows, d_model], float32 weights
-          [batch or groups, heads, q_len, k_len]).
+        Returns ([batch, q_len, d_model], float32 weights [batch, heads, q_len, k_len]).
         """
         key, value = key_value
-        queries = self.query_dense(query)
-        one_position = len(query.shape) == 2
-        if one_position:  # [rows, h * d_k] -> [groups, rows / groups, h * d_k]
-            queries = ops.reshape(queries, (ops.shape(key)[0], -1, self.num_heads * self.key_dim))
         heads, weights = scaled_dot_product_attention(
-            self._split_heads(queries, self.key_dim), key, value, mask=attention_mask,
-            dropout_layer=self.dropout_layer, training=training)
+            self._split_heads(self.query_dense(query), self.key_dim), key, value,
+            mask=attention_mask, dropout_layer=self.dropout_layer, training=training)
         batch, q_len = ops.shape(heads)[0], ops.shape(heads)[2]
         # [batch, heads, q_len, d_v] -> [batch, q_len, heads * d_v]
         heads = ops.reshape(ops.transpose(heads, (0, 2, 1, 3)),
                             (batch, q_len, self.num_heads * self.value_dim))
-        if one_position:  # a matrix again: the output projection is one matmul
-            heads = ops.reshape(heads, (-1, self.num_heads * self.value_dim))
         return self.output_dense(heads), weights
+
+    def step_weights(self, self_attention):
+        """The projections incremental decoding uses, as tensors read once per search.
+
+        The query projection carries 1 / sqrt(d_k) (exact when d_k is a power of 4, so
+        outputs do not change), and for self-attention it is fused with the key and
+        value projections: one [d_model, h * (2 d_k + d_v)] matmul per step, not three.
+        Cross-attention's keys and values come from `project_key_value` once per sentence.
+
+        Returns a dict: "input_kernel" [d_model, h * d_k] (self-attention:
+        [d_model, h * (2 d_k + d_v)]), "input_bias", "output_kernel"
+        [h * d_v, d_model], "output_bias", in the compute dtype.
+        """
+        def weight(dense, scale=None):
+            # Read here, outside the decoding loop, not at every step.
+            kernel, bias = (tf.cast(tf.convert_to_tensor(w), self.compute_dtype)
+                            for w in (dense.kernel, dense.bias))
+            if scale is None:
+                return kernel, bias
+            return kernel * tf.cast(scale, kernel.dtype), bias * tf.cast(scale, bias.dtype)
+
+        kernels, biases = zip(weight(self.query_dense, 1.0 / math.sqrt(self.key_dim)),
+                              *((weight(self.key_dense), weight(self.value_dense))
+                                if self_attention else ()))
+        output_kernel, output_bias = weight(self.output_dense)
+        return {"input_kernel": tf.concat(kernels, axis=1), "input_bias": tf.concat(biases, 0),
+                "output_kernel": output_kernel, "output_bias": output_bias}
+
+    def self_attention_step(self, x, key, value, weights):
+        """Self-attention of one new position per row over the cached ones and itself.
+
+        Args:
+          x: [rows, d_model], the position being decoded (its sublayer input).
+          key, value: [rows, heads, position, d_k or d_v], the cached earlier positions.
+          weights: `step_weights(self_attention=True)`.
+        Returns:
+          (output [rows, d_model], key and value [rows, heads, position + 1, d] with x's
+          appended).
+        """
+        h, d_k, d_v = self.num_heads, self.key_dim, self.value_dim
+        projected = tf.nn.bias_add(tf.matmul(x, weights["input_kernel"]),
+                                   weights["input_bias"])  # [rows, h * (2 d_k + d_v)]
+        query, new_key, new_value = tf.split(projected, [h * d_k, h * d_k, h * d_v], axis=1)
+        # Static shapes with -1 for rows: no shape ops at every step.
+        key = tf.concat([key, tf.reshape(new_key, [-1, h, 1, d_k])], axis=2)
+        value = tf.concat([value, tf.reshape(new_value, [-1, h, 1, d_v])], axis=2)
+        # Every cached position precedes this one: no mask.
+        heads = _step_attention(tf.reshape(query, [-1, h, 1, d_k]), key, value)
+        return self._step_output(tf.reshape(heads, [-1, h * d_v]), weights), key, value
+
+    def cross_attention_step(self, x, key, value, mask, weights):
+        """Encoder-decoder attention of one position per row, the rows / groups
+        adjacent rows of a group (a sentence's beams) querying the same keys.
+
+        Args:
+          x: [rows, d_model], the sublayer input.
+          key, value: [groups, heads, src_len, d_k or d_v] from `project_key_value`.
+          mask: bool [groups, 1, 1, src_len], True for real source tokens.
+          weights: `step_weights(self_attention=False)`.
+        Returns:
+          [rows, d_model].
+        """
+        h, d_k, d_v = self.num_heads, self.key_dim, self.value_dim
+        query = tf.nn.bias_add(tf.matmul(x, weights["input_kernel"]),
+                               weights["input_bias"])  # [rows, h * d_k]
+        # -> [groups, heads, rows / groups, d_k]
+        query = tf.transpose(tf.reshape(query, [tf.shape(key)[0], -1, h, d_k]), [0, 2, 1, 3])
+        heads = _step_attention(query, key, value, mask)  # [groups, heads, beams, d_v]
+        heads = tf.reshape(tf.transpose(heads, [0, 2, 1, 3]), [-1, h * d_v])
+        return self._step_output(heads, weights)
+
+    @staticmethod
+    def _step_output(heads, weights):
+        """W^O of the concatenated heads [rows, h * d_v] -> [rows, d_model]."""
+        return tf.nn.bias_add(tf.matmul(heads, weights["output_kernel"]),
+                              weights["output_bias"])
 
     def call(self, query, value, attention_mask=None, training=None,
              return_attention_scores=False):

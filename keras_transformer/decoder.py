@@ -65,22 +65,18 @@ class DecoderLayer(keras.layers.Layer):
             layer.build(x_shape)
         self.built = True
 
-    def _cross_and_feed_forward(self, x, cross_key_value, cross_attention_mask, training):
-        y = self.cross_attention_residual.sublayer_input(x)
-        y, weights = self.cross_attention.attend(y, cross_key_value, cross_attention_mask,
-                                                 training=training)
-        x = self.cross_attention_residual(x, y, training=training)
-        y = self.feed_forward(self.feed_forward_residual.sublayer_input(x))
-        return self.feed_forward_residual(x, y, training=training), weights
-
     def call(self, x, encoder_output, self_attention_mask=None, cross_attention_mask=None,
              training=None, return_attention_scores=False):
         y = self.self_attention_residual.sublayer_input(x)
         y = self.self_attention(y, y, attention_mask=self_attention_mask, training=training)
         x = self.self_attention_residual(x, y, training=training)
-        x, weights = self._cross_and_feed_forward(
-            x, self.cross_attention.project_key_value(encoder_output), cross_attention_mask,
-            training)
+        y = self.cross_attention_residual.sublayer_input(x)
+        y, weights = self.cross_attention.attend(
+            y, self.cross_attention.project_key_value(encoder_output), cross_attention_mask,
+            training=training)
+        x = self.cross_attention_residual(x, y, training=training)
+        y = self.feed_forward(self.feed_forward_residual.sublayer_input(x))
+        x = self.feed_forward_residual(x, y, training=training)
         return (x, weights) if return_attention_scores else x
 
     def initial_cache(self, encoder_output, beam_size=1):
@@ -106,33 +102,48 @@ class DecoderLayer(keras.layers.Layer):
             "cross_value": cross_value,
         }
 
-    def step(self, x, cache, cross_attention_mask):
-        """Decode the next position given the cache of the positions before it.
+    def step_weights(self):
+        """What `step` reads, as tensors read once per decoding search (fused and
+        pre-scaled projections, see MultiHeadAttention.step_weights): a dict."""
+        return {"self_attention": self.self_attention.step_weights(self_attention=True),
+                "cross_attention": self.cross_attention.step_weights(self_attention=False),
+                "feed_forward": self.feed_forward.step_weights(),
+                **{name: getattr(self, name).step_weights()
+                   for name in ("self_attention_residual", "cross_attention_residual",
+                                "feed_forward_residual")}}
+
+    def step(self, x, cache, cross_attention_mask, weights):
+        """Decode the next position given the cache of the positions before it: the
+        layer's `call` in inference, one position per row, on plain tensors.
 
         Args:
           x: [batch * beams, d_model], the embedded tokens at the position being
-            decoded (one position per row: every projection is a single matmul), the
-            beams of a sentence in adjacent rows.
+            decoded, the beams of a sentence in adjacent rows.
           cache: dict from `initial_cache` (or a previous step): "key", "value"
             [batch * beams, heads, position, d] and "cross_key", "cross_value"
             [batch, heads, src_len, d].
           cross_attention_mask: bool [batch, 1, 1, src_len].
+          weights: from `step_weights`.
         Returns:
           ([batch * beams, d_model], the cache with this position's keys and values
           appended: one position written per step, whatever the maximum length).
         """
-        y = self.self_attention_residual.sublayer_input(x)
-        key, value = self.self_attention.project_key_value(y)  # [batch * beams, heads, 1, d]
-        cache = {**cache, "key": ops.concatenate([cache["key"], key], axis=2),
-                 "value": ops.concatenate([cache["value"], value], axis=2)}
-        # Every cached position precedes this one: no mask.
-        y, _ = self.self_attention.attend(y, (cache["key"], cache["value"]))
-        x = self.self_attention_residual(x, y)
+        residual, norm = self.self_attention_residual, weights["self_attention_residual"]
+        y, key, value = self.self_attention.self_attention_step(
+            residual.step_sublayer_input(x, norm), cache["key"], cache["value"],
+            weights["self_attention"])
+        x = residual.step(x, y, norm)
         # The encoder keys and values have a row per sentence: a sentence's beams are
-        # its queries of them (MultiHeadAttention.attend).
-        x, _ = self._cross_and_feed_forward(x, (cache["cross_key"], cache["cross_value"]),
-                                            cross_attention_mask, training=False)
-        return x, cache
+        # its queries of them.
+        residual, norm = self.cross_attention_residual, weights["cross_attention_residual"]
+        y = self.cross_attention.cross_attention_step(
+            residual.step_sublayer_input(x, norm), cache["cross_key"], cache["cross_value"],
+            cross_attention_mask, weights["cross_attention"])
+        x = residual.step(x, y, norm)
+        residual, norm = self.feed_forward_residual, weights["feed_forward_residual"]
+        y = self.feed_forward.step(residual.step_sublayer_input(x, norm),
+                                   weights["feed_forward"])
+        return residual.step(x, y, norm), {**cache, "key": key, "value": value}
 
     def compute_output_shape(self, x_shape, *args, **kwargs):
         return x_shape
@@ -186,11 +197,17 @@ class Decoder(LayerStack):
         """A list of N per-layer caches (see DecoderLayer.initial_cache)."""
         return [layer.initial_cache(encoder_output, beam_size) for layer in self.layers]
 
-    def step(self, x, cache, cross_attention_mask):
+    def step_weights(self):
+        """What `step` reads, read once per decoding search: a dict of the N layers'
+        `DecoderLayer.step_weights` and the final norm's."""
+        return {"layers": [layer.step_weights() for layer in self.layers],
+                "final_norm": self.final_norm_weights()}
+
+    def step(self, x, cache, cross_attention_mask, weights):
         """x [batch * beams, d_model] at the next position -> ([batch * beams, d_model],
-        new cache); see DecoderLayer.step."""
+        new cache); see DecoderLayer.step. weights: from `step_weights`."""
         new_cache = []
-        for layer, layer_cache in zip(self.layers, cache):
-            x, layer_cache = layer.step(x, layer_cache, cross_attention_mask)
+        for layer, layer_cache, layer_weights in zip(self.layers, cache, weights["layers"]):
+            x, layer_cache = layer.step(x, layer_cache, cross_attention_mask, layer_weights)
             new_cache.append(layer_cache)
-        return self.finish(x), new_cache
+        return self.finish_step(x, weights["final_norm"]), new_cache

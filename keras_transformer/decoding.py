@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from keras_transformer.masking import padding_mask
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 from keras_transformer.transformer import shift_right
 # Section 6.1: outputs are at most input length + 50 tokens.
@@ -102,7 +103,7 @@ def greedy_search(model, source_ids, alpha=0.6, extra_length=EXTRA_LENGTH, use_c
     source_ids = tf.cast(source_ids, tf.int32)
     batch = tf.shape(source_ids)[0]
     width, max_lengths = _decode_lengths(model, source_ids, extra_length)
-    state, step = _step_function(model, source_ids, use_cache)
+    state, step = _step_function(model, source_ids, width, use_cache)
 
     def cond(i, seqs, log_probs, finished, state):
         return (i < width) & ~tf.reduce_all(finished)
@@ -176,7 +177,7 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
     batch = tf.shape(source_ids)[0]
     vocab = model.config.vocab_size
     width, max_lengths = _decode_lengths(model, source_ids, extra_length)
-    state, step = _step_function(model, source_ids, use_cache, beam_size)
+    state, step = _step_function(model, source_ids, width, use_cache, beam_size)
     neg_inf = tf.constant(float("-inf"))
 
     def cond(i, sentences, live_seqs, live_log_probs, finished, max_lengths, state,
@@ -267,26 +268,29 @@ def _decode_lengths(model, source_ids, extra_length):
     return width, tf.minimum(source_lengths + extra_length, cap)
 
 
-def _step_function(model, source_ids, use_cache, beam_size=1):
+def _step_function(model, source_ids, width, use_cache, beam_size=1):
     """(initial state, step) for batch * beam_size rows, the beams of a sentence
     adjacent: step(seqs int32 [rows, width + 1], i, state) -> (float32 log-probs
     [rows, vocab] of the token after position i, new state).
 
-    The state is a dict: "source_ids" [batch, src_len]; with the cache, "cache" (see
-    Transformer.initial_cache), whose self-attention keys and values have a row per
-    beam and encoder-decoder ones a row per sentence; without it, "encoder_output"
-    [batch, src_len, d_model]. `_gather_rows` reorders the beams' rows,
-    `_gather_sentences` keeps some sentences."""
+    The state is a dict. With the cache: "source_mask" bool [batch, 1, 1, src_len] and
+    "cache" (see Transformer.initial_cache), whose self-attention keys and values have a
+    row per beam and encoder-decoder ones a row per sentence; the weights the step reads
+    (Transformer.step_weights) are read once, outside the loop. Without it:
+    "source_ids" [batch, src_len] and "encoder_output" [batch, src_len, d_model].
+    `_gather_rows` reorders the beams' rows, `_gather_sentences` keeps some sentences."""
     encoder_output = model.encode(source_ids, training=False)
     if use_cache:
+        weights = model.step_weights(width + 1)
+
         def step(seqs, i, state):
             logits, cache = model.decode_step(seqs[:, i], i, state["cache"],
-                                              state["source_ids"])
+                                              state["source_mask"], weights)
             return tf.nn.log_softmax(logits, axis=-1), {**state, "cache": cache}
 
         # Encoder-decoder keys and values are projected once per sentence.
         cache = model.initial_cache(encoder_output, beam_size)
-        return {"source_ids": source_ids, "cache": cache}, step
+        return {"source_mask": padding_mask(source_ids), "cache": cache}, step
 
     def step(seqs, i, state):
         logits = model.decode(seqs[:, :i + 1], _tile(state["encoder_output"], beam_size),
@@ -305,9 +309,9 @@ def _gather_rows(state, rows):
 
 def _gather_sentences(state, sentences):
     """The state of the sentences int32 [n'] only (the per-sentence tensors)."""
-    state = {**state, "source_ids": tf.gather(state["source_ids"], sentences)}
-    if "encoder_output" in state:
-        state["encoder_output"] = tf.gather(state["encoder_output"], sentences)
+    state = {**state, **{name: tf.gather(state[name], sentences)
+                         for name in ("source_ids", "source_mask", "encoder_output")
+                         if name in state}}
     if "cache" in state:
         state["cache"] = [{**layer, "cross_key": tf.gather(layer["cross_key"], sentences),
                            "cross_value": tf.gather(layer["cross_value"], sentences)}

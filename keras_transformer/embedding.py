@@ -3,6 +3,7 @@
 import math
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 
@@ -50,6 +51,18 @@ class SharedEmbedding(keras.layers.Layer):
         """Pre-softmax projection x W^T; float32 logits [..., vocab_size]."""
         embeddings = ops.cast(self.embeddings, self.compute_dtype)
         return ops.cast(ops.matmul(x, ops.transpose(embeddings)), "float32")
+
+    def step_weights(self):
+        """The matrix in the compute dtype, read once per decoding search."""
+        return tf.cast(tf.convert_to_tensor(self.embeddings), self.compute_dtype)
+
+    def step(self, ids, weights):
+        """`call` in incremental decoding: ids int [rows] -> [rows, d_model]."""
+        return tf.gather(weights, ids) * tf.cast(math.sqrt(self.d_model), weights.dtype)
+
+    def step_logits(self, x, weights):
+        """`logits` in incremental decoding: [rows, d_model] -> float32 [rows, vocab_size]."""
+        return tf.cast(tf.matmul(x, weights, transpose_b=True), tf.float32)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.d_model,)

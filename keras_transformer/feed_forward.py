@@ -1,6 +1,7 @@
 """Position-wise feed-forward network (paper section 3.3)."""
 
 import keras
+import tensorflow as tf
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -36,6 +37,19 @@ class PositionwiseFeedForward(keras.layers.Layer):
 
     def call(self, x):
         return self.outer(self.inner(x))
+
+    def step_weights(self):
+        """(W_1, b_1, W_2, b_2) in the compute dtype, read once per decoding search."""
+        return tuple(tf.cast(tf.convert_to_tensor(w), self.compute_dtype)
+                     for w in (self.inner.kernel, self.inner.bias, self.outer.kernel,
+                               self.outer.bias))
+
+    def step(self, x, weights):
+        """`call` in incremental decoding, on plain tensors: [rows, d_model] ->
+        [rows, d_model] (one fused MatMul + BiasAdd (+ ReLU) per projection)."""
+        w_1, b_1, w_2, b_2 = weights
+        inner = tf.nn.relu(tf.nn.bias_add(tf.matmul(x, w_1), b_1))
+        return tf.nn.bias_add(tf.matmul(inner, w_2), b_2)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.d_model,)

@@ -37,10 +37,7 @@ class LayerNormalization(keras.layers.LayerNormalization):
 
         @tf.custom_gradient
         def normalize(x, gamma, beta):
-            x32 = tf.cast(x, tf.float32)
-            mean, variance = tf.nn.moments(x32, axes=[-1], keepdims=True)  # [..., 1]
-            inv = tf.math.rsqrt(variance + epsilon)
-            x_hat = (x32 - mean) * inv
+            x_hat, inv = _standardize(x, epsilon)
 
             def gradient(dy):
                 dy = tf.cast(dy, tf.float32)
@@ -55,3 +52,23 @@ class LayerNormalization(keras.layers.LayerNormalization):
 
         gamma, beta = (tf.cast(w, tf.float32) for w in (self.gamma, self.beta))
         return tf.cast(normalize(inputs, gamma, beta), self.compute_dtype)
+
+    def step_weights(self):
+        """(gamma, beta) float32 [d_model], read once per decoding search."""
+        return tuple(tf.cast(tf.convert_to_tensor(w), tf.float32) for w in (self.gamma, self.beta))
+
+
+def layer_norm(x, gamma, beta, epsilon):
+    """LayerNormalization's forward pass in plain ops, for incremental decoding:
+    x [..., d_model] (any float dtype), gamma and beta float32 [d_model] -> [..., d_model]
+    in x's dtype, computed in float32 exactly as the layer computes it."""
+    x_hat, _ = _standardize(x, epsilon)
+    return tf.cast(x_hat * gamma + beta, x.dtype)
+
+
+def _standardize(x, epsilon):
+    """(x_hat float32 [..., d], 1 / sqrt(variance + epsilon) [..., 1]) over the last axis."""
+    x32 = tf.cast(x, tf.float32)
+    mean, variance = tf.nn.moments(x32, axes=[-1], keepdims=True)  # [..., 1]
+    inv = tf.math.rsqrt(variance + epsilon)
+    return (x32 - mean) * inv, inv

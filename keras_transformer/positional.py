@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import tensorflow as tf
 from keras import ops
 
 
@@ -71,6 +72,20 @@ class PositionalEncoding(keras.layers.Layer):
         else:
             table = positional_encoding(length, self.d_model, start)
         return x + ops.cast(table, x.dtype)[None, :, :]
+
+    def step_weights(self, length):
+        """PE[0:length], [length, d_model] in the compute dtype: the table incremental
+        decoding indexes, computed (or read) once per search."""
+        if self.kind == "learned":
+            table = tf.convert_to_tensor(self.position_embeddings)[:length]
+        else:
+            table = positional_encoding(length, self.d_model)
+        return tf.cast(table, self.compute_dtype)
+
+    def step(self, x, index, weights):
+        """`call` in incremental decoding: x [rows, d_model] at position `index` (scalar)
+        -> x + PE[index]."""
+        return x + weights[index]
 
     def get_config(self):
         return {**super().get_config(), "d_model": self.d_model,

@@ -3,7 +3,7 @@
 import keras
 
 from keras_transformer.dropout import Dropout
-from keras_transformer.normalization import LayerNormalization
+from keras_transformer.normalization import LayerNormalization, layer_norm
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -51,6 +51,20 @@ class Residual(keras.layers.Layer):
         """x, sublayer_output [batch, length, d_model] -> [batch, length, d_model]."""
         total = x + self.dropout_layer(sublayer_output, training=training)
         return total if self.pre_norm else self.layer_norm(total)
+
+    def step_weights(self):
+        """The layer norm's (gamma, beta), read once per decoding search."""
+        return self.layer_norm.step_weights()
+
+    def step_sublayer_input(self, x, weights):
+        """`sublayer_input` in incremental decoding: x [rows, d_model], weights from
+        `step_weights`."""
+        return layer_norm(x, *weights, self.layer_norm.epsilon) if self.pre_norm else x
+
+    def step(self, x, sublayer_output, weights):
+        """`call` in incremental decoding (inference: no dropout): [rows, d_model]."""
+        total = x + sublayer_output
+        return total if self.pre_norm else layer_norm(total, *weights, self.layer_norm.epsilon)
 
     def compute_output_shape(self, x_shape, sublayer_output_shape=None):
         return x_shape

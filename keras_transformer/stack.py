@@ -2,7 +2,7 @@
 "a stack of N = 6 identical layers")."""
 
 import keras
-from keras_transformer.normalization import LayerNormalization
+from keras_transformer.normalization import LayerNormalization, layer_norm
 
 
 class LayerStack(keras.layers.Layer):
@@ -45,6 +45,17 @@ class LayerStack(keras.layers.Layer):
     def finish(self, x):
         """The stack's output from the last layer's [batch, length, d_model]."""
         return self.final_norm(x) if self.final_norm is not None else x
+
+    def final_norm_weights(self):
+        """The final LayerNorm's (gamma, beta) for `finish_step`, or None (post-norm)."""
+        return None if self.final_norm is None else self.final_norm.step_weights()
+
+    def finish_step(self, x, weights):
+        """`finish` in incremental decoding: x [rows, d_model], weights from
+        `final_norm_weights`."""
+        if self.final_norm is None:
+            return x
+        return layer_norm(x, *weights, self.final_norm.epsilon)
 
     def compute_output_shape(self, x_shape, *args, **kwargs):
         return x_shape

@@ -58,8 +58,8 @@ class Transformer(keras.Model):
     >>> tuple(model((source_ids, shift_right(target_ids)), training=True).shape)
     (1, 3, 100)
 
-    `encode`, `decode`, `initial_cache` and `decode_step` are the pieces that
-    decoding (keras_transformer.decoding) reuses.
+    `encode`, `decode`, `initial_cache`, `step_weights` and `decode_step` are the
+    pieces that decoding (keras_transformer.decoding) reuses.
     """
 
     def __init__(self, config, **kwargs):
@@ -125,8 +125,16 @@ class Transformer(keras.Model):
         """The decoding cache of `beam_size` rows per sentence (see Decoder)."""
         return self.decoder.initial_cache(encoder_output, beam_size)
 
-    def decode_step(self, target_ids, index, cache, source_ids):
-        """One step of incremental decoding.
+    def step_weights(self, length):
+        """What `decode_step` reads, read once per search rather than at every step:
+        the embedding matrix, the position table PE[0:length] (length: the positions the
+        search may decode, BOS included) and the decoder's fused projections."""
+        return {"embedding": self.embedding.step_weights(),
+                "positions": self.target_positions.step_weights(length),
+                "decoder": self.decoder.step_weights()}
+
+    def decode_step(self, target_ids, index, cache, cross_attention_mask, weights):
+        """One step of incremental decoding: `decode` in inference for one more position.
 
         Args:
           target_ids: int [batch * beams], the token at position `index` (BOS at 0) of
@@ -134,13 +142,16 @@ class Transformer(keras.Model):
           index: scalar int, the position being decoded (the cache holds positions
             0 .. index - 1).
           cache: from `initial_cache(encoder_output, beams)` or the previous step.
-          source_ids: int [batch, src_len], for the source padding mask.
+          cross_attention_mask: bool [batch, 1, 1, src_len], `padding_mask(source_ids)`.
+          weights: `step_weights(length)` with length > index.
         Returns:
           (float32 logits [batch * beams, vocab] for position index + 1, the new cache).
         """
-        x = self.target_positions(self.embedding(target_ids[:, None]), start=index)[:, 0]
-        x, cache = self.decoder.step(x, cache, padding_mask(source_ids))  # [rows, d_model]
-        return self.embedding.logits(x), cache
+        x = self.target_positions.step(
+            self.embedding.step(target_ids, weights["embedding"]), index, weights["positions"])
+        x, cache = self.decoder.step(x, cache, cross_attention_mask,
+                                     weights["decoder"])  # [rows, d_model]
+        return self.embedding.step_logits(x, weights["embedding"]), cache
 
     def call(self, inputs, training=None):
         source_ids, target_input_ids = inputs
