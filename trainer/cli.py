@@ -24,7 +24,13 @@ def fail(message: str, status: int = 2):
     Status 2 is for what the user can fix before any work (flags, files); 1 for a run
     that started and could not go on.
     """
-    print(f"{program()}: error: {message}", file=sys.stderr, flush=True)
+    stop(f"error: {message}", status)
+
+
+def stop(message: str, status: int):
+    """Ends the program with one line on stderr, "<program>: <message>" (also for a stop
+    that is not an error: a preempted run, which the same command resumes)."""
+    print(f"{program()}: {message}", file=sys.stderr, flush=True)
     sys.exit(status)
 
 

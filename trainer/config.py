@@ -101,6 +101,10 @@ class RunConfig:
         when spent, training checkpoints and stops before train_steps.
       average_last: export the mean of the last N checkpoints (section 6.1: 5 for base,
         20 for big; 0: the last checkpoint).
+      ema_decay: keep an exponential moving average of the weights in the checkpoint, with
+        this decay (e.g. 0.9999; trainer/training/moving_average.py); 0: none.
+      export_weights: what the export ships: "last", "average" (average_last) or "ema";
+        None: "average" when average_last is set, else "last".
       seed: initial weights and dropout.
     """
 
@@ -123,6 +127,8 @@ class RunConfig:
     bleu_tokenize: str = "13a"
     max_train_minutes: float = 0.0
     average_last: int = 0
+    ema_decay: float = 0.0
+    export_weights: Optional[str] = None
     seed: int = 0
 
     def __post_init__(self):
@@ -136,6 +142,15 @@ class RunConfig:
                      "average_last"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
+        if self.export_weights not in (None, "last", "average", "ema"):
+            raise ValueError("export_weights must be last, average or ema, got "
+                             f"{self.export_weights!r}")
+        if self.export_weights == "ema" and not self.ema_decay:
+            raise ValueError("export_weights=ema needs a moving average: set ema_decay")
+        if self.export_weights == "average" and not self.average_last:
+            raise ValueError("export_weights=average needs average_last (checkpoints to average)")
 
 
 def default_run_name(preset: str, data_config: DataConfig) -> str:

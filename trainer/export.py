@@ -1,4 +1,5 @@
 """python -m trainer.export --model_dir=DIR [--export_dir=DIR] [--average_last=N]
+[--export_weights=last|average|ema]
 [--precision=float32|bfloat16] [--format=saved_model|ctranslate2]
 [--quantization=int8|int16|float32]: write a model directory's model for serving.
 
@@ -24,6 +25,10 @@ flags.DEFINE_string("export_dir", None, "Where SavedModel versions go (default "
                     "(default saved_models/<name of model_dir>-ctranslate2-<quantization>).")
 flags.DEFINE_integer("average_last", 0, "Export the mean of the last N checkpoints "
                      "(paper: 5 for base, 20 for big); 0 exports the latest.")
+flags.DEFINE_enum("export_weights", None, ("last", "average", "ema"), "Which weights: "
+                  "the latest checkpoint's, the mean of the last --average_last, or the "
+                  "moving average a run with --ema_decay keeps (default: average when "
+                  "--average_last is set, else last).")
 flags.DEFINE_integer("beam_size", 4, "SavedModel: beam size of every signature (and k of "
                      "nbest). CTranslate2 takes it per request.")
 flags.DEFINE_float("alpha", 0.6, "SavedModel: length penalty exponent.")
@@ -53,7 +58,8 @@ def main(argv):
         from trainer.serving import ctranslate2_export
         from trainer.training import checkpoint_averaging
         try:
-            model, _ = checkpoint_averaging.final_model(FLAGS.model_dir, FLAGS.average_last)
+            model, _ = checkpoint_averaging.final_model(FLAGS.model_dir, FLAGS.average_last,
+                                                        FLAGS.export_weights)
             tokenizers = tokenizer_lib.load_or_train(FLAGS.model_dir, None)
             path = ctranslate2_export.export(model, tokenizers, export_dir, FLAGS.quantization)
         except (FileNotFoundError, ValueError) as e:
@@ -64,7 +70,7 @@ def main(argv):
     from trainer.serving import saved_model
     try:
         path = saved_model.export(FLAGS.model_dir, export_dir, FLAGS.beam_size, FLAGS.alpha,
-                                  FLAGS.average_last, FLAGS.precision)
+                                  FLAGS.average_last, FLAGS.precision, FLAGS.export_weights)
     except (FileNotFoundError, ValueError) as e:
         cli.fail(str(e))
     print(f"exported SavedModel to {path}")

@@ -82,6 +82,12 @@ flags.DEFINE_float("max_train_minutes", RunConfig.max_train_minutes, "Stop train
                    "--train_steps (0: no limit).")
 flags.DEFINE_integer("average_last", RunConfig.average_last, "Export the mean of the last N "
                      "checkpoints (the paper: 5 for base, 20 for big; 0 exports the last).")
+flags.DEFINE_float("ema_decay", RunConfig.ema_decay, "Keep an exponential moving average "
+                   "of the weights with this decay (e.g. 0.9999) in the checkpoints; 0: none.")
+flags.DEFINE_enum("export_weights", RunConfig.export_weights, ("last", "average", "ema"),
+                  "What the export ships: the last checkpoint's weights, the mean of the "
+                  "last --average_last, or the moving average (--ema_decay) (default: "
+                  "average when --average_last is set, else last).")
 flags.DEFINE_integer("seed", RunConfig.seed, "Random seed (weights, dropout, shuffling, "
                      "builtin corpus).")
 
@@ -132,6 +138,7 @@ def main(argv):
     from trainer.data.sources import DataError
     from trainer.data.tokenizer import VocabularyError
     from trainer.training.model_dir import ModelDirError
+    from trainer.training.preemption import PREEMPTED_STATUS, Preempted
     from trainer.training.run import train_and_export
     from trainer.training.trainer import TrainingError
     try:
@@ -140,6 +147,8 @@ def main(argv):
         cli.fail(str(e))
     except TrainingError as e:
         cli.fail(str(e), status=1)
+    except Preempted as e:
+        cli.stop(str(e), PREEMPTED_STATUS)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import json
 import os
 import re
 import shutil
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -76,10 +76,11 @@ def load(saved_model: str):
 
 
 def build_translator(model_dir: str, beam_size: int = 4, alpha: float = 0.6,
-                     average_last: int = 0, precision: str = "float32"
-                     ) -> Tuple[Translator, List[str]]:
+                     average_last: int = 0, precision: str = "float32",
+                     weights: Optional[str] = None) -> Tuple[Translator, List[str]]:
     """(Translator of the model of model_dir, checkpoint prefixes it comes from): the
-    latest checkpoint, or the mean of the last `average_last` ones.
+    latest checkpoint's weights, the mean of the last `average_last` checkpoints or the
+    moving average (`checkpoint_averaging.final_model`'s `weights`).
 
     precision: one of PRECISIONS: "float32", or "bfloat16" for CPUs with AVX-512 BF16
       or AMX: weights and activations in bfloat16, attention softmax, log-probs and
@@ -89,7 +90,7 @@ def build_translator(model_dir: str, beam_size: int = 4, alpha: float = 0.6,
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose one of "
                          f"{', '.join(PRECISIONS)}")
-    model, paths = checkpoint_averaging.final_model(model_dir, average_last)
+    model, paths = checkpoint_averaging.final_model(model_dir, average_last, weights)
     if precision == "bfloat16":
         float32_model = model
         model = Transformer(float32_model.config, dtype="bfloat16")
@@ -100,10 +101,11 @@ def build_translator(model_dir: str, beam_size: int = 4, alpha: float = 0.6,
 
 
 def export(model_dir: str, export_dir: str, beam_size: int = 4, alpha: float = 0.6,
-           average_last: int = 0, precision: str = "float32") -> str:
+           average_last: int = 0, precision: str = "float32",
+           weights: Optional[str] = None) -> str:
     """Exports model_dir's model as the next version in export_dir; returns its path."""
     translator, checkpoints = build_translator(model_dir, beam_size, alpha, average_last,
-                                               precision)
+                                               precision, weights)
     # The vocabulary travels as an asset (assets/<name>) for clients that tokenize
     # themselves (translate_ids); the graph carries its own copy inside the tf-text op.
     for role, tok in (("source", translator.source_tokenizer),
@@ -112,6 +114,7 @@ def export(model_dir: str, export_dir: str, beam_size: int = 4, alpha: float = 0
     signatures = {name: getattr(translator, "translate" if name == "serving_default" else name
                                 ).get_concrete_function() for name in SIGNATURES}
     info = {"model_dir": os.path.abspath(model_dir), "checkpoints": checkpoints,
+            "weights": weights or ("average" if average_last else "last"),
             "beam_size": beam_size, "alpha": alpha, "precision": precision,
             "model": translator.model.config.to_dict(),
             "signatures": list(signatures)}

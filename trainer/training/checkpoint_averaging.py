@@ -8,15 +8,17 @@ with config.json, the vocabulary and one checkpoint `ckpt-<last step>`.
 
 import os
 import shutil
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from keras_transformer import Transformer
-from trainer.training import model_dir as model_dir_lib
+from trainer.training import model_dir as model_dir_lib, moving_average
 
 AVERAGED_DIR = "averaged"
+# What an export ships (--export_weights).
+WEIGHTS = ("last", "average", "ema")
 
 
 def average_checkpoints(model_dir: str, last: int,
@@ -41,13 +43,27 @@ def average_checkpoints(model_dir: str, last: int,
     return model, paths
 
 
-def final_model(model_dir: str, average_last: int = 0) -> Tuple[Transformer, List[str]]:
-    """(the model to ship from model_dir, the checkpoint prefixes it comes from): the
-    latest checkpoint, or the mean of the last `average_last` ones."""
-    if average_last:
+def final_model(model_dir: str, average_last: int = 0, weights: Optional[str] = None
+                ) -> Tuple[Transformer, List[str]]:
+    """(the model to ship from model_dir, the checkpoint prefixes it comes from).
+
+    weights: one of WEIGHTS: "last", the latest checkpoint's weights; "average", the mean
+      of the last `average_last` checkpoints; "ema", the moving average of the weights
+      kept in the latest checkpoint (a run with --ema_decay). None: "average" when
+      average_last is set, else "last".
+    """
+    weights = weights or ("average" if average_last else "last")
+    if weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
+    if weights == "average":
+        if average_last < 1:
+            raise ValueError("averaging needs the number of checkpoints: --average_last=N")
         return average_checkpoints(model_dir, average_last)
     paths = model_dir_lib.checkpoints(model_dir)[-1:]
-    return model_dir_lib.restore_model(model_dir, paths[0]), paths
+    model = model_dir_lib.restore_model(model_dir, paths[0])
+    if weights == "ema":
+        moving_average.load_into(model, paths[0])
+    return model, paths
 
 
 def write_averaged(model_dir: str, last: int, warn: Callable[[str], None] = print

@@ -6,12 +6,14 @@ what it writes (`distribute.worker_dir`). `kill -9` at any moment leaves only co
 checkpoints: tf.train.CheckpointManager writes the state file after the data.
 """
 
+import os
 from typing import Optional
 
 import tensorflow as tf
 
 from trainer.data.input_pipeline import Data
 from trainer.training import distribute
+from trainer.training.moving_average import MovingAverage
 
 
 class Checkpointer:
@@ -21,11 +23,16 @@ class Checkpointer:
       model, optimizer: what a checkpoint holds.
       model_dir: the run's model directory.
       keep: checkpoints kept (the oldest are deleted); averaging reads the last ones.
+      moving_average: the EMA of the weights (trainer/training/moving_average.py), if the
+        run keeps one.
     """
 
-    def __init__(self, model, optimizer, model_dir: str, keep: int):
-        self.model_dir, self.optimizer = model_dir, optimizer
-        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    def __init__(self, model, optimizer, model_dir: str, keep: int,
+                 moving_average: Optional[MovingAverage] = None):
+        self.model_dir, self.model, self.optimizer = model_dir, model, optimizer
+        self.moving_average = moving_average
+        tracked = {} if moving_average is None else {"moving_average": moving_average}
+        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, **tracked)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, distribute.worker_dir(model_dir), max_to_keep=keep,
             checkpoint_name="ckpt")
@@ -44,21 +51,34 @@ class Checkpointer:
         """Restores the latest checkpoint, if there is one; returns the step it holds."""
         if self.latest:
             self.checkpoint.restore(self.latest).assert_existing_objects_matched()
+            if self.moving_average is not None and not any(
+                    name.startswith("moving_average/")
+                    for name, _ in tf.train.list_variables(self.latest)):
+                # EMA switched on at a resume: it starts from the restored weights.
+                self.moving_average.reset(self.model.trainable_variables)
         return self.step
 
-    def save(self, step: int):
+    def save(self, step: int) -> str:
+        """Writes the checkpoint of `step` (every worker takes part); returns its path in
+        the model directory, `<model_dir>/ckpt-<step>`."""
         self.manager.save(checkpoint_number=step)
         if not distribute.is_chief():
             tf.io.gfile.rmtree(distribute.worker_dir(self.model_dir))
+        return os.path.join(self.model_dir, f"ckpt-{step}")
 
     def training_stream(self, strategy: tf.distribute.Strategy, data: Data,
                         batches_per_step: int):
         """The per-replica training batches from where the restored step left them.
 
         tf.distribute iterators cannot be checkpointed, so the training stream is
-        deterministic (seeded shuffle, ordered maps) and a resumed run skips the
-        step * batches_per_step batches per replica that the checkpointed run consumed.
+        deterministic (seeded shuffle, ordered maps) and a resumed run skips the batches
+        the checkpointed run consumed: step * batches_per_step for each replica an input
+        pipeline feeds (one pipeline per worker feeds all of that worker's replicas).
         """
-        consumed = self.step * batches_per_step
-        return iter(strategy.distribute_datasets_from_function(
-            lambda context: data.train_dataset(context).skip(consumed)))
+        per_replica = self.step * batches_per_step
+
+        def dataset(context: tf.distribute.InputContext):
+            replicas_fed = context.num_replicas_in_sync // context.num_input_pipelines
+            return data.train_dataset(context).skip(per_replica * replicas_fed)
+
+        return iter(strategy.distribute_datasets_from_function(dataset))

@@ -17,6 +17,7 @@ from trainer.data.tokenizer import Tokenizers
 from trainer.serving import saved_model
 from trainer.training import distribute, model_dir as model_dir_lib
 from trainer.training.checkpointing import Checkpointer
+from trainer.training.moving_average import MovingAverage
 from trainer.training.validation import Validator
 from trainer.training.trainer import Trainer, make_optimizer
 
@@ -35,15 +36,19 @@ def sized_to_vocabulary(model_config: TransformerConfig,
 def build_trainer(model_config: TransformerConfig, data: input_pipeline.Data, run: RunConfig,
                   strategy, validator_args: Optional[dict] = None,
                   log: Callable[[str], None] = print) -> Trainer:
-    """A Trainer given its parts: the model (run.precision) and optimizer built in the
-    strategy's scope, its checkpointer and, with `validator_args` (Validator's keyword
-    arguments), its validator on the chief."""
+    """A Trainer given its parts: the model (run.precision), optimizer and, with
+    run.ema_decay, the moving average of the weights built in the strategy's scope, its
+    checkpointer and, with `validator_args` (Validator's keyword arguments), its validator
+    on the chief."""
     with strategy.scope():
         model = Transformer(model_config, dtype=run.precision or "float32")
         model.build()
         optimizer = make_optimizer(model_config, run)
         optimizer.build(model.trainable_variables)
-    checkpointer = Checkpointer(model, optimizer, run.model_dir, run.keep_checkpoints)
+        moving_average = (MovingAverage(model.trainable_variables, run.ema_decay)
+                          if run.ema_decay else None)
+    checkpointer = Checkpointer(model, optimizer, run.model_dir, run.keep_checkpoints,
+                                moving_average)
     validator = None
     if validator_args is not None and distribute.is_chief():
         validator = Validator(model, data, run.model_dir, log=log, **validator_args)
@@ -87,7 +92,8 @@ def train_and_export(model_config: TransformerConfig, data_config: DataConfig, r
     if run.export_dir is None or not distribute.is_chief():
         return None
     path = saved_model.export(run.model_dir, run.export_dir, beam_size=run.beam_size,
-                              alpha=run.alpha, average_last=run.average_last)
+                              alpha=run.alpha, average_last=run.average_last,
+                              weights=run.export_weights)
     log(f"exported SavedModel to {path}")
     return path
 

@@ -15,6 +15,7 @@ statistics are read every `log_every` updates, and a non-finite loss is noted on
 device with its step and raised at the next read, before any checkpoint is written.
 """
 
+import functools
 import time
 from typing import Callable, Dict, NamedTuple, Optional
 
@@ -28,6 +29,7 @@ from trainer.config import RunConfig
 from trainer.data.input_pipeline import Data
 from trainer.training import distribute
 from trainer.training.checkpointing import Checkpointer
+from trainer.training.preemption import PreemptionWatcher
 from trainer.training.validation import Validator
 from trainer.training.progress import ProgressLog, StepStatistics
 
@@ -160,6 +162,9 @@ class Trainer:
         stats = tf.nest.map_structure(lambda t: self.strategy.experimental_local_results(t)[0],
                                       stats)
         self._update(grads, finite=tf.math.is_finite(stats.gradient_norm))
+        if self.checkpointer.moving_average is not None:
+            self.checkpointer.moving_average.update(
+                self.strategy, self.model.trainable_variables, self.optimizer.iterations)
         self.tokens_since_read.assign_add(stats.source_tokens + stats.target_tokens)
         # The first update whose loss is not finite, kept until the host reads it.
         bad = tf.logical_and(tf.logical_not(tf.math.is_finite(stats.loss)),
@@ -212,7 +217,8 @@ class Trainer:
 
         Returns the last step's statistics (train_*) and validation metrics.
         Raises TrainingError on a non-finite loss, naming the step; the last checkpoint,
-        written before that step, is kept.
+        written before that step, is kept. Raises Preempted after SIGTERM or SIGINT, with
+        a checkpoint of the update in flight (trainer/training/preemption.py).
         """
         run = self.run
         step = self.restore()
@@ -224,7 +230,19 @@ class Trainer:
         deadline = time.time() + 60 * run.max_train_minutes if run.max_train_minutes else None
         progress = ProgressLog(run.model_dir, run.train_steps, run.log_every, step, deadline,
                                enabled=self.chief)
-        metrics = {}
+        save = functools.partial(self._save_on_preemption, progress)
+        with PreemptionWatcher(self.strategy, save) as preemption:
+            try:
+                metrics, stats = self._train_loop(step, progress, deadline, preemption)
+            finally:
+                progress.close()
+        return {**{f"train_{k}": float(v) for k, v in stats._asdict().items()}, **metrics}
+
+    def _train_loop(self, step: int, progress: ProgressLog, deadline: Optional[float],
+                    preemption: PreemptionWatcher):
+        """Updates from `step` to run.train_steps or the deadline; returns (validation
+        metrics, the last step's statistics). Raises Preempted after a signal."""
+        run, metrics = self.run, {}
         while step < run.train_steps:
             for _ in range(run.accum_steps):
                 self.accumulate(self.iterator)
@@ -241,15 +259,29 @@ class Trainer:
             if step % run.checkpoint_every == 0 or last:
                 self._raise_if_nonfinite(progress)
                 self.checkpointer.save(step)
-            if self.validator is not None and self.chief and (step % run.eval_every == 0 or last):
+            # Validation can take longer than a preemption's grace period: not then.
+            if (self.validator is not None and self.chief and not preemption.noted
+                    and (step % run.eval_every == 0 or last)):
                 progress.end_line()
                 metrics = self.validator(step)
                 self.log(f"step {step}: " + ", ".join(f"validation {k} {v:.4g}"
                                                       for k, v in metrics.items()))
             if out_of_time:
                 break
-        progress.close()
-        return {**{f"train_{k}": float(v) for k, v in stats._asdict().items()}, **metrics}
+            preemption.after_update(step, stats)
+        return metrics, stats
+
+    def _save_on_preemption(self, progress: ProgressLog, step: int, stats: StepStatistics
+                            ) -> str:
+        """The checkpoint of a preempted run's last update, logged and checked like any
+        other; returns its path."""
+        self._raise_if_nonfinite(progress)
+        if step % self.run.log_every:
+            progress.update(step, stats, self._tokens_since_read())
+        progress.end_line()
+        if step % self.run.checkpoint_every == 0:  # written already
+            return self.checkpointer.latest
+        return self.checkpointer.save(step)
 
     def _raise_if_nonfinite(self, progress: ProgressLog):
         """Raises TrainingError naming the first update whose loss was not finite, if any;

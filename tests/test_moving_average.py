@@ -1,0 +1,74 @@
+"""The exponential moving average of the weights (--ema_decay): its definition update by
+update, in the checkpoint across a resume, and in the export with --export_weights=ema."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import REPO
+from test_training import data, make_trainer  # noqa: F401  (data is a fixture)
+from trainer.training.moving_average import decay_at
+
+
+def test_the_moving_average_follows_its_definition_update_by_update(data, tmp_path):  # noqa: F811
+    trainer = make_trainer(data, tmp_path, "ema", ema_decay=0.9)
+    trainer.restore()
+    averages = trainer.checkpointer.moving_average.averages
+    expected = [a.numpy().astype(np.float64) for a in averages]
+    for step in range(1, 5):
+        trainer.accumulate(trainer.iterator)
+        trainer.apply()
+        d = min(0.9, (1 + step) / (10 + step))
+        assert float(decay_at(0.9, step)) == pytest.approx(d)
+        weights = [w.numpy() for w in trainer.model.trainable_variables]
+        expected = [d * e + (1 - d) * w for e, w in zip(expected, weights)]
+        for average, want in zip(averages, expected):
+            np.testing.assert_allclose(average.numpy(), want, rtol=1e-5, atol=1e-6)
+    # Not the weights themselves: the average lags behind them.
+    assert max(np.abs(a.numpy() - w).max() for a, w in zip(averages, weights)) > 1e-4
+
+
+def test_the_moving_average_is_in_the_checkpoint_and_survives_a_resume(data, tmp_path):  # noqa: F811
+    trainer = make_trainer(data, tmp_path, "resumed", ema_decay=0.99)
+    trainer.restore()
+    for _ in range(3):
+        trainer.accumulate(trainer.iterator)
+        trainer.apply()
+    trainer.checkpointer.save(3)
+    saved = [a.numpy() for a in trainer.checkpointer.moving_average.averages]
+
+    resumed = make_trainer(data, tmp_path, "resumed", ema_decay=0.99)
+    assert resumed.restore() == 3
+    for average, want in zip(resumed.checkpointer.moving_average.averages, saved):
+        np.testing.assert_array_equal(average.numpy(), want)
+    # A run without EMA resumes from the same checkpoint (the average is not required).
+    assert make_trainer(data, tmp_path, "resumed").restore() == 3
+
+
+@pytest.mark.slow
+def test_export_weights_ema_ships_the_moving_average(tmp_path):
+    model_dir, export_dir = tmp_path / "run", tmp_path / "export"
+    flags = ["--max_len=32", "--batch_tokens=512", "--eval_every=1000", "--bleu_sentences=10",
+             "--warmup_steps=50", "--train_steps=12", "--checkpoint_every=6",
+             "--ema_decay=0.99", "--export_weights=ema", f"--model_dir={model_dir}",
+             f"--export_dir={export_dir}"]
+    result = subprocess.run([sys.executable, "-m", "trainer.task", *flags], cwd=REPO,
+                            capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
+    last = checkpoint.get_tensor("model/embedding/embeddings/.ATTRIBUTES/VARIABLE_VALUE")
+    averages = [checkpoint.get_tensor(name) for name, shape
+                in tf.train.list_variables(tf.train.latest_checkpoint(str(model_dir)))
+                if name.startswith("moving_average/") and tuple(shape) == last.shape]
+    assert len(averages) == 1
+    exported = tf.train.load_checkpoint(str(export_dir / "1" / "variables" / "variables"))
+    [name] = [n for n, shape in tf.train.list_variables(str(export_dir / "1" / "variables" /
+                                                            "variables"))
+              if tuple(shape) == last.shape]
+    np.testing.assert_array_equal(exported.get_tensor(name), averages[0])
+    assert np.abs(averages[0] - last).max() > 1e-5
