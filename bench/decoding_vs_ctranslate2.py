@@ -13,7 +13,8 @@ One run measures, on Multi30k test2016 (1,000 sentences), beam 4, alpha 0.6, bat
   - sacreBLEU and chrF of each system's translations against the references.
 
 Rows: each SavedModel given (--saved_model float32, --saved_model_bfloat16 from
-`python -m trainer.export --precision=bfloat16`) and the CTranslate2 model directory of the
+`python -m trainer.export --precision=bfloat16`, --previous_saved_model: the same checkpoints
+exported by earlier code, for a before/after in one run) and the CTranslate2 model directory of the
 same checkpoints (`python -m trainer.export --format=ctranslate2 --quantization=float32`)
 loaded with compute_type float32, int8 and bfloat16 (where the CPU has it). CTranslate2 uses its length penalty
 (log-prob / length^alpha, ours ((5 + length) / 6)^alpha), suppresses <pad> and <s> (never
@@ -40,6 +41,7 @@ import sentencepiece
 MULTI30K = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
                         "data", "multi30k")
 LATENCY_THREADS = (2, 1)  # CTranslate2's OpenMP pays for a second thread on one sentence
+PREVIOUS = "float32, previous code"  # the --previous_saved_model row
 
 
 def saved_model_translator(path: str, threads: int) -> Callable[[List[str]], List[str]]:
@@ -109,8 +111,9 @@ def worker(args):
             print(json.dumps({"skipped": str(e)}))
             return
     else:
-        translate = saved_model_translator(
-            args.saved_model if precision == "float32" else args.saved_model_bfloat16, threads)
+        paths = {"float32": args.saved_model, "bfloat16": args.saved_model_bfloat16,
+                 PREVIOUS: args.previous_saved_model}
+        translate = saved_model_translator(paths[precision], threads)
     result = {}
     if threads == 2:
         with open(args.ref, encoding="utf-8") as f:
@@ -133,6 +136,8 @@ def main(argv=None):
     parser.add_argument("--saved_model", required=True, help="Float32 export version dir.")
     parser.add_argument("--saved_model_bfloat16", help="The same checkpoints exported with "
                         "--precision=bfloat16.")
+    parser.add_argument("--previous_saved_model", help="A float32 export of the same "
+                        "checkpoints by earlier code (a before/after row in the same run).")
     parser.add_argument("--ctranslate2", required=True, help="The same checkpoints "
                         "exported with --format=ctranslate2 --quantization=float32.")
     parser.add_argument("--src", default=os.path.join(MULTI30K, "test2016.en"))
@@ -148,6 +153,8 @@ def main(argv=None):
     systems = [("this project, SavedModel", "saved_model", "float32")]
     if args.saved_model_bfloat16:
         systems.append(("this project, SavedModel", "saved_model", "bfloat16"))
+    if args.previous_saved_model:
+        systems.append(("this project, SavedModel", "saved_model", PREVIOUS))
     systems += [("CTranslate2", "ctranslate2", c) for c in ("float32", "int8", "bfloat16")]
     results = {}
     for name, engine, precision in systems:
