@@ -170,7 +170,7 @@ class Ours:
         self.params = self.trainer.model.count_params()
 
     def update(self) -> float:
-        self.trainer.accumulate(self.trainer.iterator)
+        self.trainer.accumulate(self.trainer.stream.next())
         return float(self.trainer.apply().loss)
 
     def pieces(self, batch: Batch):
@@ -184,7 +184,7 @@ class Ours:
             "forward + backward": lambda: [g.numpy() for g in t.gradients(
                 source, target_in, target_out)[0][:1]],
             "optimizer": lambda: t.apply().loss.numpy(),
-            "update": lambda: (t.accumulate(cached), t.apply().loss.numpy()),
+            "update": lambda: (t.accumulate(next(cached)), t.apply().loss.numpy()),
         }
 
 

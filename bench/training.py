@@ -150,7 +150,7 @@ def time_updates(trainer: Trainer, steps: int) -> List[Update]:
     for _ in range(steps):
         start, cpu_start = time.perf_counter(), time.process_time()
         for _ in range(trainer.run.accum_steps):
-            trainer.accumulate(trainer.iterator)
+            trainer.accumulate(trainer.stream.next())
         stats = trainer.apply()
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         updates.append(Update(seconds, cpu_seconds, float(stats.loss),
@@ -174,7 +174,7 @@ def breakdown(trainer: Trainer, data, shape, reps: int) -> dict:
         "forward + backward": median_seconds(
             lambda: trainer.gradients(source_ids, target_input_ids, target_output_ids), reps),
         "accumulate (+ sum into accumulators)": median_seconds(
-            lambda: trainer.accumulate(cached), reps),
+            lambda: trainer.accumulate(next(cached)), reps),
         "apply (all-reduce, Adam)": median_seconds(trainer.apply, reps),
     }
     return {name: 1000 * seconds for name, seconds in ms.items()}

@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent("""
         setattr(extended, name, counting)
     iterator = iter(strategy.experimental_distribute_dataset(
         tf.data.Dataset.from_tensors(batch)))
-    trainer.accumulate(iterator)
+    trainer.accumulate(next(iterator))
     calls.clear()  # accumulating is per replica: only the update reduces
     stats = trainer.apply()
 

@@ -20,7 +20,7 @@ def test_the_moving_average_follows_its_definition_update_by_update(data, tmp_pa
     averages = trainer.checkpointer.moving_average.averages
     expected = [a.numpy().astype(np.float64) for a in averages]
     for step in range(1, 5):
-        trainer.accumulate(trainer.iterator)
+        trainer.accumulate(trainer.stream.next())
         trainer.apply()
         d = min(0.9, (1 + step) / (10 + step))
         assert float(decay_at(0.9, step)) == pytest.approx(d)
@@ -36,7 +36,7 @@ def test_the_moving_average_is_in_the_checkpoint_and_survives_a_resume(data, tmp
     trainer = make_trainer(data, tmp_path, "resumed", ema_decay=0.99)
     trainer.restore()
     for _ in range(3):
-        trainer.accumulate(trainer.iterator)
+        trainer.accumulate(trainer.stream.next())
         trainer.apply()
     trainer.checkpointer.save(3)
     saved = [a.numpy() for a in trainer.checkpointer.moving_average.averages]

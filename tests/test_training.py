@@ -89,10 +89,10 @@ def test_two_accumulated_batches_give_the_update_of_one_double_batch(data, tmp_p
 
     accumulated = make_trainer(data, tmp_path, "accumulated", accum_steps=2)
     iterator = distributed(accumulated, first, second)
-    accumulated.accumulate(iterator)
-    accumulated.accumulate(iterator)
+    accumulated.accumulate(next(iterator))
+    accumulated.accumulate(next(iterator))
     single = make_trainer(data, tmp_path, "single")
-    single.accumulate(distributed(single, double))
+    single.accumulate(next(distributed(single, double)))
 
     # The gradient each update sees: accumulated sums over all target tokens of the step.
     def gradient(trainer):
@@ -119,7 +119,7 @@ def train_steps(trainer, steps):
     trainer.restore()
     losses = []
     for _ in range(steps):
-        trainer.accumulate(trainer.iterator)
+        trainer.accumulate(trainer.stream.next())
         losses.append(float(trainer.apply().loss))
     return losses
 
@@ -129,7 +129,7 @@ def test_keras_fit_with_the_paper_loss_trains_and_reports_the_trainers_loss(data
     LabelSmoothedCrossEntropy, fit on ((source_ids, target_input_ids), target_output_ids)."""
     batch = next(iter(data.eval_dataset()))
     trainer = make_trainer(data, tmp_path, "for_fit")
-    trainer.accumulate(distributed(trainer, batch))
+    trainer.accumulate(next(distributed(trainer, batch)))
     trainer_loss = float(trainer.apply().loss)
 
     config = trainer.model.config
@@ -182,7 +182,30 @@ def test_a_resumed_stream_continues_where_the_checkpointed_run_was(data, tmp_pat
     trainer = make_trainer(data, tmp_path, "resumed", accum_steps=1)
     trainer.optimizer.iterations.assign(7)  # as if a checkpoint of step 7 was restored
     assert trainer.restore() == 7
-    resumed = next(trainer.iterator)
+    resumed = trainer.stream.next()
     for got, want in zip(tf.nest.flatten(resumed), tf.nest.flatten(expected)):
         got = trainer.strategy.experimental_local_results(got)[0]
         np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_a_resumed_stream_is_restored_from_its_saved_state_not_replayed(data, tmp_path):
+    """With every checkpoint the stream's state is saved: a resumed run restores it (no
+    batch goes through the pipeline twice) and takes the batch the checkpointed run
+    would have taken next."""
+    trainer = make_trainer(data, tmp_path, "saved", accum_steps=2)
+    trainer.restore()
+    for _ in range(3 * 2):  # 3 updates of 2 microbatches
+        trainer.stream.next()
+    trainer.optimizer.iterations.assign(3)
+    trainer.save(3)
+    expected = trainer.stream.next()
+
+    resumed = make_trainer(data, tmp_path, "saved", accum_steps=2)
+    lines = []
+    resumed.log = lines.append
+    assert resumed.restore() == 3
+    assert lines == [f"training stream restored from {tmp_path}/saved/training_stream/"
+                     "pipeline_0/ckpt-3"]
+    local = resumed.strategy.experimental_local_results
+    for got, want in zip(tf.nest.flatten(resumed.stream.next()), tf.nest.flatten(expected)):
+        np.testing.assert_array_equal(local(got)[0].numpy(), local(want)[0].numpy())

@@ -1,5 +1,5 @@
-"""A run's checkpoints: the model and the optimizer, whose iteration count is the step,
-and through the step the position of the training data stream.
+"""A run's checkpoints: the model and the optimizer, whose iteration count is the step
+(the training stream's position is saved beside them: trainer/training/training_stream.py).
 
 Every worker of a MultiWorkerMirroredStrategy takes part in saving; only the chief keeps
 what it writes (`distribute.worker_dir`). `kill -9` at any moment leaves only complete
@@ -11,7 +11,6 @@ from typing import Optional
 
 import tensorflow as tf
 
-from trainer.data.input_pipeline import Data
 from trainer.training import distribute
 from trainer.training.moving_average import MovingAverage
 
@@ -65,20 +64,3 @@ class Checkpointer:
         if not distribute.is_chief():
             tf.io.gfile.rmtree(distribute.worker_dir(self.model_dir))
         return os.path.join(self.model_dir, f"ckpt-{step}")
-
-    def training_stream(self, strategy: tf.distribute.Strategy, data: Data,
-                        batches_per_step: int):
-        """The per-replica training batches from where the restored step left them.
-
-        tf.distribute iterators cannot be checkpointed, so the training stream is
-        deterministic (seeded shuffle, ordered maps) and a resumed run skips the batches
-        the checkpointed run consumed: step * batches_per_step for each replica an input
-        pipeline feeds (one pipeline per worker feeds all of that worker's replicas).
-        """
-        per_replica = self.step * batches_per_step
-
-        def dataset(context: tf.distribute.InputContext):
-            replicas_fed = context.num_replicas_in_sync // context.num_input_pipelines
-            return data.train_dataset(context).skip(per_replica * replicas_fed)
-
-        return iter(strategy.distribute_datasets_from_function(dataset))

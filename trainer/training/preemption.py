@@ -14,6 +14,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -24,6 +25,7 @@ from trainer.training import distribute
 # scheduler that restarts on this status resumes the run.
 PREEMPTED_STATUS = 75
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_CHIEF_LINGER_SECONDS = 2.0
 
 
 class Preempted(Exception):
@@ -85,6 +87,10 @@ class PreemptionWatcher:
             self._handler._stop_cluster_wise_termination_watcher_thread()
             self._handler._stop_poll_termination_signal_thread()
             self._handler = None
+            if self._saved is not None and distribute.is_chief():
+                # The chief hosts the coordination service: it leaves last, or the other
+                # workers' exits print a gRPC error after their one line.
+                time.sleep(_CHIEF_LINGER_SECONDS)
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
 

@@ -30,6 +30,7 @@ from trainer.data.input_pipeline import Data
 from trainer.training import distribute
 from trainer.training.checkpointing import Checkpointer
 from trainer.training.preemption import PreemptionWatcher
+from trainer.training.training_stream import TrainingStream
 from trainer.training.validation import Validator
 from trainer.training.progress import ProgressLog, StepStatistics
 
@@ -92,10 +93,11 @@ class Trainer:
             self.tokens_since_read = tf.Variable(0.0, trainable=False, name="tokens_since_read")
             self.first_nonfinite_step = tf.Variable(tf.constant(0, tf.int64), trainable=False,
                                                     name="first_nonfinite_step")
-        self.accumulate = tf.function(self._accumulate)
+        # Batches come from the host: one trace per few shapes, then a generic one.
+        self.accumulate = tf.function(self._accumulate, reduce_retracing=True)
         self.apply = tf.function(self._apply)
         self.gradients = tf.function(self._gradients, jit_compile=run.jit_compile)
-        self.iterator = None
+        self.stream = None  # TrainingStream, from restore()
 
     @property
     def step(self) -> int:
@@ -105,9 +107,17 @@ class Trainer:
         """Restores the latest checkpoint and positions the training stream after it;
         returns the step."""
         step = self.checkpointer.restore()
-        self.iterator = self.checkpointer.training_stream(self.strategy, self.data,
-                                                          self.run.accum_steps)
+        self.stream = TrainingStream(self.strategy, self.data, self.run.model_dir,
+                                     self.run.keep_checkpoints, self.run.accum_steps)
+        self.stream.restore(step, self.log)
         return step
+
+    def save(self, step: int) -> str:
+        """Checkpoints `step`: the stream's position first, so a model checkpoint always
+        has its stream's (kill -9 between the two leaves the previous pair); returns the
+        model checkpoint's path."""
+        self.stream.save(step)
+        return self.checkpointer.save(step)
 
     def _gradients(self, source_ids, target_input_ids, target_output_ids):
         """Gradients of one microbatch's summed loss, and its Totals."""
@@ -122,8 +132,9 @@ class Trainer:
                         tf.reduce_sum(tf.cast(source_ids != PAD_ID, tf.float32)))
         return [tf.convert_to_tensor(g) for g in grads], totals
 
-    def _accumulate(self, iterator):
-        """One microbatch per replica: adds its summed-loss gradients to the accumulators."""
+    def _accumulate(self, batch):
+        """One microbatch per replica (`TrainingStream.next`): adds its summed-loss
+        gradients to the accumulators."""
 
         def step_fn(batch):
             (source_ids, target_input_ids), target_output_ids = batch
@@ -133,7 +144,7 @@ class Trainer:
             for total, value in zip(self.totals, totals):
                 total.assign_add(value)
 
-        self.strategy.run(step_fn, args=(next(iterator),))
+        self.strategy.run(step_fn, args=(batch,))
 
     def _apply(self) -> StepStatistics:
         """One update from the accumulated gradients, with one all-reduce; returns the
@@ -245,7 +256,7 @@ class Trainer:
         run, metrics = self.run, {}
         while step < run.train_steps:
             for _ in range(run.accum_steps):
-                self.accumulate(self.iterator)
+                self.accumulate(self.stream.next())
             stats = self.apply()  # tensors: the host reads only at the intervals below
             step += 1
             out_of_time = deadline is not None and time.time() > deadline
@@ -258,7 +269,7 @@ class Trainer:
                 self.log(f"time budget of {run.max_train_minutes:g} minutes spent at step {step}")
             if step % run.checkpoint_every == 0 or last:
                 self._raise_if_nonfinite(progress)
-                self.checkpointer.save(step)
+                self.save(step)
             # Validation can take longer than a preemption's grace period: not then.
             if (self.validator is not None and self.chief and not preemption.noted
                     and (step % run.eval_every == 0 or last)):
@@ -281,7 +292,7 @@ class Trainer:
         progress.end_line()
         if step % self.run.checkpoint_every == 0:  # written already
             return self.checkpointer.latest
-        return self.checkpointer.save(step)
+        return self.save(step)
 
     def _raise_if_nonfinite(self, progress: ProgressLog):
         """Raises TrainingError naming the first update whose loss was not finite, if any;
