@@ -1,8 +1,10 @@
 """The input pipeline: batches within the token budget, every pair once per epoch, nothing lost silently."""
 
 import collections
+import dataclasses
 import gzip
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -236,11 +238,11 @@ from trainer.data import input_pipeline, sources
 config = DataConfig(max_len=48, batch_tokens=480, seed=0)
 source = sources.select(config, builtin_train_size=2000, builtin_eval_size=10)
 data = input_pipeline.build(source, sys.argv[1], config)
+from trainer.training.training_stream import TrainingStream
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-dataset = strategy.distribute_datasets_from_function(data.train_dataset)
-iterator = iter(dataset)
+stream = TrainingStream(strategy, data, sys.argv[1], keep=1, batches_per_step=1)
 for _ in range(5):
-    (source_ids, _), _ = next(iterator)
+    (source_ids, _), _ = stream.next()
     for replica in strategy.experimental_local_results(source_ids):
         batch, length = replica.shape
         assert batch * length <= 480 and batch == 480 // length, replica.shape
@@ -256,3 +258,33 @@ def test_mirrored_strategy_gets_one_budgeted_batch_per_replica(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     devices = [line.split()[0] for line in result.stdout.splitlines()]
     assert len(devices) == 10 and {d.rsplit(":", 1)[-1] for d in devices} == {"0", "1"}
+
+
+def test_training_counts_are_cached_in_the_model_dir_until_the_files_change(tmp_path):
+    """A resumed run reads the training split's counts from data_counts.json instead of
+    tokenizing the corpus again; new file contents (size, mtime) are counted again."""
+    en, de = tmp_path / "t.en", tmp_path / "t.de"
+    en.write_text("A dog.\nTwo cats.\n\nA bird.\n")
+    de.write_text("Ein Hund.\nZwei Katzen.\nLeer.\nEin Vogel.\n")
+    source = sources.ParallelFiles({"train": (str(en), str(de)),
+                                    "validation": (str(en), str(de))})
+    model_dir = tmp_path / "model"
+    config = DataConfig(max_len=64, batch_tokens=256)
+    assert str(input_pipeline.build(source, str(model_dir), config).counts["train"]) == (
+        "4 pairs read, 1 empty skipped, 0 too long dropped")
+    cache_file = model_dir / input_pipeline.COUNTS_FILE
+    cache = json.loads(cache_file.read_text())
+    (entry,) = cache.values()
+    # What is cached is what is reported: a doctored entry shows that it is read.
+    entry["counts"]["read"] = 5
+    cache_file.write_text(json.dumps(cache))
+    assert input_pipeline.build(source, str(model_dir), config).counts["train"].read == 5
+    # Another max_len is another key: counted anew.
+    assert input_pipeline.build(source, str(model_dir), dataclasses.replace(
+        config, max_len=32)).counts["train"].read == 4
+    en.write_text("A dog.\nTwo cats.\nA fish.\nA bird.\nA cow.\n")
+    de.write_text("Ein Hund.\nZwei Katzen.\nEin Fisch.\nEin Vogel.\nEine Kuh.\n")
+    changed = sources.ParallelFiles({"train": (str(en), str(de)),
+                                     "validation": (str(en), str(de))})
+    assert str(input_pipeline.build(changed, str(model_dir), config).counts["train"]) == (
+        "5 pairs read, 0 empty skipped, 0 too long dropped")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO
+from conftest import MULTI30K, REPO
 
 # Each test runs the programs in subprocesses, or uses the model they trained.
 pytestmark = pytest.mark.slow
@@ -145,6 +145,18 @@ def test_flags_are_checked_without_tensorflow():
     (["--hparams=d_modle=3"], "unknown field 'd_modle'"),
     (["--batch_tokens=many"], "flag --batch_tokens=many: invalid literal"),
     (["--precision=fp8"], "value should be one of"),
+    ([f"--train_src={MULTI30K}/val.en,{MULTI30K}/test2016.en", f"--train_tgt={MULTI30K}/val.de",
+      f"--eval_src={MULTI30K}/val.en", f"--eval_tgt={MULTI30K}/val.de"],
+     "train_src has 2 files but train_tgt has 1"),
+    ([f"--train_src={MULTI30K}/val.en,{MULTI30K}/test2016.en",
+      f"--train_tgt={MULTI30K}/val.de,{MULTI30K}/test2016.de", "--train_weights=0.7,-0.3",
+      f"--eval_src={MULTI30K}/val.en", f"--eval_tgt={MULTI30K}/val.de"],
+     "train_weights must all be positive, got 0.7,-0.3"),
+    ([f"--train_src={MULTI30K}/val.en,{MULTI30K}/test2016.en",
+      f"--train_tgt={MULTI30K}/val.de,{MULTI30K}/test2016.de", "--train_weights=1,2,3",
+      f"--eval_src={MULTI30K}/val.en", f"--eval_tgt={MULTI30K}/val.de"],
+     "train_weights has 3 weights for 2 training corpora"),
+    (["--train_weights=1,x"], "--train_weights=1,x: not a list of numbers"),
     (["--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
 ])
 def test_bad_flags_give_a_one_line_error_before_any_work(tmp_path, flags, expected):

@@ -8,7 +8,7 @@ TensorFlow), so flags are checked before TensorFlow starts.
 
 import dataclasses
 import os
-from typing import Optional
+from typing import Dict, List, Optional, Tuple
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 SUBWORD_MODELS = ("bpe", "unigram")
@@ -23,7 +23,10 @@ class DataConfig:
         "tfds:<builder>/<config>" (e.g. "tfds:wmt14_translate/de-en"). Ignored when text
         files are given.
       train_src, train_tgt, eval_src, eval_tgt: parallel UTF-8 text files, one sentence a
-        line (".gz" read as gzip); all four or none.
+        line (".gz" read as gzip); all four or none. Several training corpora are
+        comma-separated lists, train_src's i-th file translated by train_tgt's i-th.
+      train_weights: with several training corpora, the share of training pairs drawn
+        from each (normalised; None: in proportion to their sizes, as concatenated).
       source_lang, target_lang: the direction, for the builtin corpus and TFDS.
       tfds_data_dir: TFDS data directory (None: TFDS's default).
       vocab_size: SentencePiece pieces; None sizes the vocabulary to the corpus
@@ -46,6 +49,7 @@ class DataConfig:
     train_tgt: Optional[str] = None
     eval_src: Optional[str] = None
     eval_tgt: Optional[str] = None
+    train_weights: Optional[Tuple[float, ...]] = None
     source_lang: str = "en"
     target_lang: str = "de"
     tfds_data_dir: Optional[str] = None
@@ -68,12 +72,32 @@ class DataConfig:
         if self.batch_tokens < self.max_len:
             raise ValueError(f"batch_tokens={self.batch_tokens} is less than "
                              f"max_len={self.max_len}: a longest pair would not fit in a batch")
+        for split, (source, target) in (("train", ("train_src", "train_tgt")),
+                                        ("eval", ("eval_src", "eval_tgt"))):
+            sources, targets = _paths(getattr(self, source)), _paths(getattr(self, target))
+            if sources and targets and len(sources) != len(targets):
+                raise ValueError(f"{source} has {len(sources)} files but {target} has "
+                                 f"{len(targets)}: give a target file for every source file")
+        if self.train_weights is not None:
+            corpora = len(_paths(self.train_src))
+            if corpora and len(self.train_weights) != corpora:
+                raise ValueError(f"train_weights has {len(self.train_weights)} weights for "
+                                 f"{corpora} training corpora (train_src's files)")
+            if any(not weight > 0 for weight in self.train_weights):
+                raise ValueError(f"train_weights must all be positive, got "
+                                 f"{','.join(f'{w:g}' for w in self.train_weights)}")
 
     @property
-    def text_files(self) -> dict:
-        """{"train": (source, target), "validation": (source, target)} as given."""
-        return {"train": (self.train_src, self.train_tgt),
-                "validation": (self.eval_src, self.eval_tgt)}
+    def text_files(self) -> Dict[str, List[Tuple[str, str]]]:
+        """{"train": [(source, target), ...], "validation": [(source, target)]}: the text
+        files as given, a pair per corpus."""
+        return {"train": list(zip(_paths(self.train_src), _paths(self.train_tgt))),
+                "validation": list(zip(_paths(self.eval_src), _paths(self.eval_tgt)))}
+
+
+def _paths(paths: Optional[str]) -> List[str]:
+    """The files of a comma-separated list."""
+    return [path.strip() for path in (paths or "").split(",") if path.strip()]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,8 +181,8 @@ def default_run_name(preset: str, data_config: DataConfig) -> str:
     """<preset>_<data>: the name of a run's default model and export directories, e.g.
     "small_multi30k" for text files in a multi30k directory."""
     if data_config.train_src:
-        data = (os.path.basename(os.path.dirname(os.path.abspath(data_config.train_src)))
-                or "files")
+        first = _paths(data_config.train_src)[0]
+        data = os.path.basename(os.path.dirname(os.path.abspath(first))) or "files"
     else:
         data = (data_config.dataset or "builtin").replace("tfds:", "").replace("/", "-")
     return f"{preset}_{data}"

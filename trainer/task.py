@@ -26,8 +26,12 @@ flags.DEFINE_list("hparams", [], "Overrides of TransformerConfig fields, e.g. "
 # On what.
 flags.DEFINE_string("dataset", DataConfig.dataset, "'builtin' (default when no data flag is "
                     "given) or 'tfds:<builder>/<config>', e.g. tfds:wmt14_translate/de-en.")
-flags.DEFINE_string("train_src", None, "Training source text, one sentence per line (.gz ok).")
-flags.DEFINE_string("train_tgt", None, "Training target text, line-aligned with --train_src.")
+flags.DEFINE_string("train_src", None, "Training source text, one sentence per line (.gz ok); "
+                    "several corpora as a comma-separated list.")
+flags.DEFINE_string("train_tgt", None, "Training target text, line-aligned with --train_src "
+                    "(as many files).")
+flags.DEFINE_list("train_weights", None, "With several training corpora: the share of "
+                  "training pairs drawn from each, e.g. 0.7,0.3 (default: by their sizes).")
 flags.DEFINE_string("eval_src", None, "Validation source text.")
 flags.DEFINE_string("eval_tgt", None, "Validation target text.")
 flags.DEFINE_string("source_lang", DataConfig.source_lang, "Source language (builtin, TFDS).")
@@ -112,11 +116,18 @@ def model_config() -> TransformerConfig:
 
 def data_config() -> DataConfig:
     for name in ("train_src", "train_tgt", "eval_src", "eval_tgt"):
-        path = getattr(FLAGS, name)
-        if path and not os.path.exists(path):
-            raise ValueError(f"--{name}={path}: no such file")
-    return DataConfig(**{field.name: FLAGS[field.name].value
-                         for field in dataclasses.fields(DataConfig) if field.name in FLAGS})
+        for path in (getattr(FLAGS, name) or "").split(","):
+            if path and not os.path.exists(path):
+                raise ValueError(f"--{name}={path}: no such file")
+    values = {field.name: FLAGS[field.name].value
+              for field in dataclasses.fields(DataConfig) if field.name in FLAGS}
+    if FLAGS.train_weights is not None:
+        try:
+            values["train_weights"] = tuple(float(w) for w in FLAGS.train_weights)
+        except ValueError:
+            raise ValueError(f"--train_weights={','.join(FLAGS.train_weights)}: "
+                             "not a list of numbers") from None
+    return DataConfig(**values)
 
 
 def run_config(data: DataConfig) -> RunConfig:

@@ -26,7 +26,10 @@ per step over 8 GPUs is about batch_tokens=4096 padded positions per GPU.
 """
 
 import dataclasses
-from typing import Dict, List, Optional, Tuple
+import hashlib
+import json
+import os
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
@@ -131,22 +134,39 @@ def batches(examples_dataset: tf.data.Dataset, config: DataConfig,
                                             window_size_func=lambda key: batch_sizes[key])
 
 
-def train_dataset(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
-                  config: DataConfig,
+def train_dataset(pairs: Union[tf.data.Dataset, Sequence[tf.data.Dataset]],
+                  tokenizers: tokenizer_lib.Tokenizers, config: DataConfig,
                   input_context: Optional[tf.distribute.InputContext] = None,
-                  num_epochs: Optional[int] = None) -> tf.data.Dataset:
+                  num_epochs: Optional[int] = None,
+                  weights: Optional[Sequence[float]] = None) -> tf.data.Dataset:
     """Shuffled, repeated, prefetched training batches for one replica.
 
+    `pairs` is one corpus, or several that are mixed: each is shuffled and repeated on
+    its own, and every pair is drawn from corpus i with probability weights[i] / sum
+    (tf.data's sample_from_datasets, seeded).
     With an input_context, this input pipeline reads only its shard of the pairs.
     num_epochs=None repeats forever (every batch full); a finite number of epochs
-    keeps the last partial batches, so each kept pair appears once per epoch. With
-    config.seed set, every run yields the same batches in the same order.
+    keeps the last partial batches, so each kept pair appears once per epoch (of one
+    corpus). With config.seed set, every run yields the same batches in the same order.
     """
-    if input_context is not None and input_context.num_input_pipelines > 1:
-        pairs = pairs.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    pairs = (pairs.shuffle(config.shuffle_buffer, seed=config.seed, reshuffle_each_iteration=True)
-             .repeat(num_epochs))
-    dataset = batches(examples(pairs, tokenizers, config.max_len),
+    corpora = [pairs] if isinstance(pairs, tf.data.Dataset) else list(pairs)
+
+    def shuffled(index, corpus):
+        if input_context is not None and input_context.num_input_pipelines > 1:
+            corpus = corpus.shard(input_context.num_input_pipelines,
+                                  input_context.input_pipeline_id)
+        seed = None if config.seed is None else config.seed + index
+        return (corpus.shuffle(config.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+                .repeat(num_epochs))
+
+    streams = [shuffled(index, corpus) for index, corpus in enumerate(corpora)]
+    if len(streams) == 1:
+        mixed = streams[0]
+    else:
+        weights = [1.0] * len(streams) if weights is None else list(weights)
+        mixed = tf.data.Dataset.sample_from_datasets(
+            streams, [w / sum(weights) for w in weights], seed=config.seed)
+    dataset = batches(examples(mixed, tokenizers, config.max_len),
                       config, drop_remainder=num_epochs is None)
     return dataset.prefetch(tf.data.AUTOTUNE)
 
@@ -174,6 +194,10 @@ class SplitCounts:
     def kept(self) -> int:
         return self.read - self.empty - self.too_long
 
+    def __add__(self, other: "SplitCounts") -> "SplitCounts":
+        return SplitCounts(self.read + other.read, self.empty + other.empty,
+                           self.too_long + other.too_long)
+
     def __str__(self):
         return (f"{self.read} pairs read, {self.empty} empty skipped, "
                 f"{self.too_long} too long dropped")
@@ -197,6 +221,34 @@ def count_split(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
     return SplitCounts(read, empty, too_long)
 
 
+COUNTS_FILE = "data_counts.json"
+
+
+def cached_counts(corpus: sources_lib.Corpus, tokenizers: tokenizer_lib.Tokenizers,
+                  max_len: int, model_dir: str) -> SplitCounts:
+    """`count_split` of a corpus, remembered in <model_dir>/data_counts.json under a key
+    of the corpus' key (its files' sizes and modification times), the vocabulary's bytes
+    and max_len: a resumed run does not tokenize the corpus again to count it."""
+    vocabularies = {tokenizers.source.model_proto, tokenizers.target.model_proto}
+    key = hashlib.sha256(json.dumps(
+        [corpus.key, max_len, sorted(hashlib.sha256(v).hexdigest() for v in vocabularies)]
+    ).encode()).hexdigest()
+    path = os.path.join(model_dir, COUNTS_FILE)
+    cache = {}
+    if tf.io.gfile.exists(path):
+        with tf.io.gfile.GFile(path) as f:
+            cache = json.load(f)
+    if key in cache:
+        return SplitCounts(**cache[key]["counts"])
+    counts = count_split(corpus.pairs, tokenizers, max_len)
+    cache[key] = {"corpus": corpus.name, "counts": dataclasses.asdict(counts)}
+    temporary = path + ".tmp"  # replaced atomically: other workers may read it
+    with tf.io.gfile.GFile(temporary, "w") as f:
+        json.dump(cache, f, indent=1)
+    tf.io.gfile.rename(temporary, path, overwrite=True)
+    return counts
+
+
 @dataclasses.dataclass(frozen=True)
 class Data:
     """Everything the trainer needs from the data, built by `build`."""
@@ -206,17 +258,31 @@ class Data:
     config: DataConfig
     eval_split: str
     counts: Dict[str, SplitCounts]
+    train_corpora: Dict[str, SplitCounts]  # corpus name -> counts, when there are several
+
+    @property
+    def train_weights(self) -> List[float]:
+        """Each training corpus' share of the training pairs (summing to 1):
+        config.train_weights, else in proportion to the pairs kept."""
+        weights = (self.config.train_weights
+                   or [counts.kept for counts in self.train_corpora.values()] or [1.0])
+        return [weight / sum(weights) for weight in weights]
 
     @property
     def report(self) -> str:
         """One line, e.g. "train: 29000 pairs read, 0 empty skipped, 3 too long dropped; ..."."""
-        return "; ".join(f"{split}: {counts}" for split, counts in self.counts.items())
+        parts = [f"{split}: {counts}" for split, counts in self.counts.items()]
+        parts[1:1] = [f"train corpus {name} (weight {weight:.3g}): {counts}"
+                      for (name, counts), weight in zip(self.train_corpora.items(),
+                                                        self.train_weights)]
+        return "; ".join(parts)
 
     def train_dataset(self, input_context: Optional[tf.distribute.InputContext] = None,
                       num_epochs: Optional[int] = None) -> tf.data.Dataset:
         """Training batches for one replica; see `train_dataset`."""
-        return train_dataset(self.source.pairs("train"), self.tokenizers, self.config,
-                             input_context, num_epochs)
+        corpora = [corpus.pairs for corpus in self.source.corpora("train")]
+        return train_dataset(corpora, self.tokenizers, self.config, input_context, num_epochs,
+                             self.train_weights)
 
     def eval_dataset(self, input_context: Optional[tf.distribute.InputContext] = None
                      ) -> tf.data.Dataset:
@@ -235,23 +301,37 @@ def build(source: sources_lib.Source, model_dir: str, config: DataConfig = DataC
 
     Args:
       source: where the pairs come from (see `trainer.data.sources.select`).
-      model_dir: where the SentencePiece model(s) live (loaded if present).
+      model_dir: where the SentencePiece model(s) live (loaded if present), and the
+        training split's counts (`cached_counts`).
       config: the vocabulary (vocab_size, separate_vocabularies, subword_model,
-        vocab_sample_pairs) and the batching (max_len, batch_tokens, shuffling).
+        vocab_sample_pairs), the batching (max_len, batch_tokens, shuffling) and the
+        training corpora's weights.
       eval_split: the split evaluated during training.
 
     Raises:
-      DataError: the source lacks a split, or no training pair is left.
+      DataError: the source lacks a split, train_weights do not match its training
+        corpora, or no training pair is left (in the split, or in one of its corpora).
     """
     for split in ("train", eval_split):
         if split not in source.splits:
             raise DataError(f"{source.description} has no split {split!r}; it has {source.splits}")
+    corpora = source.corpora("train")
+    if config.train_weights is not None and len(config.train_weights) != len(corpora):
+        raise DataError(f"{len(config.train_weights)} train_weights for {len(corpora)} "
+                        "training corpora")
     tokenizers = tokenizer_lib.load_or_train(
         model_dir, lambda: source.texts("train", config.vocab_sample_pairs),
         vocab_size=config.vocab_size, separate=config.separate_vocabularies,
         model_type=config.subword_model)
-    counts = {split: count_split(source.pairs(split), tokenizers, config.max_len)
-              for split in ("train", eval_split)}
+    train = [cached_counts(corpus, tokenizers, config.max_len, model_dir) for corpus in corpora]
+    counts = {"train": sum(train[1:], train[0]),
+              eval_split: count_split(source.pairs(eval_split), tokenizers, config.max_len)}
     if counts["train"].kept == 0:
         raise DataError(f"no training pair left: train: {counts['train']} (max_len={config.max_len})")
-    return Data(source, tokenizers, config, eval_split, counts)
+    train_corpora = ({corpus.name: c for corpus, c in zip(corpora, train)}
+                     if len(corpora) > 1 else {})
+    for name, corpus_counts in train_corpora.items():
+        if corpus_counts.kept == 0:
+            raise DataError(f"no training pair left in {name}: {corpus_counts} "
+                            f"(max_len={config.max_len})")
+    return Data(source, tokenizers, config, eval_split, counts, train_corpora)
