@@ -12,6 +12,7 @@ import tensorflow as tf
 from conftest import REPO
 from test_training import data, make_trainer  # noqa: F401  (data is a fixture)
 from trainer.training.moving_average import decay_at
+from trainer.training.validation import Validator
 
 
 def test_the_moving_average_follows_its_definition_update_by_update(data, tmp_path):  # noqa: F811
@@ -47,6 +48,26 @@ def test_the_moving_average_is_in_the_checkpoint_and_survives_a_resume(data, tmp
         np.testing.assert_array_equal(average.numpy(), want)
     # A run without EMA resumes from the same checkpoint (the average is not required).
     assert make_trainer(data, tmp_path, "resumed").restore() == 3
+
+
+def test_validation_scores_the_moving_average_when_the_export_ships_it(data, tmp_path):  # noqa: F811
+    trainer = make_trainer(data, tmp_path, "validated", ema_decay=0.9, export_weights="ema")
+    trainer.restore()
+    for _ in range(3):
+        trainer.accumulate(trainer.stream.next())
+        trainer.apply()
+    variables = trainer.model.trainable_variables
+    live = [v.numpy() for v in variables]
+    trainer.validator = Validator(trainer.model, data, str(tmp_path / "validated"),
+                                  bleu_sentences=None)
+    scored = trainer._validate(3)
+    # The live weights are back after validation ...
+    for variable, want in zip(variables, live):
+        np.testing.assert_array_equal(variable.numpy(), want)
+    # ... and what was scored is the average, not them.
+    assert scored != trainer.validator(3)
+    trainer.checkpointer.moving_average.copy_to(variables)
+    assert trainer.validator(3) == scored
 
 
 @pytest.mark.slow

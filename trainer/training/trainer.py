@@ -274,13 +274,28 @@ class Trainer:
             if (self.validator is not None and self.chief and not preemption.noted
                     and (step % run.eval_every == 0 or last)):
                 progress.end_line()
-                metrics = self.validator(step)
+                metrics = self._validate(step)
                 self.log(f"step {step}: " + ", ".join(f"validation {k} {v:.4g}"
-                                                      for k, v in metrics.items()))
+                                                      for k, v in metrics.items())
+                         + (" (moving average)" if run.export_weights == "ema" else ""))
             if out_of_time:
                 break
             preemption.after_update(step, stats)
         return metrics, stats
+
+    def _validate(self, step: int) -> Dict[str, float]:
+        """Validation metrics of the weights the export will ship: the moving average
+        with export_weights=ema (swapped in for the call), else the live weights."""
+        if self.run.export_weights != "ema":
+            return self.validator(step)
+        variables = self.model.trainable_variables
+        live = [tf.identity(variable) for variable in variables]
+        self.checkpointer.moving_average.copy_to(variables)
+        try:
+            return self.validator(step)
+        finally:
+            for variable, value in zip(variables, live):
+                variable.assign(value)
 
     def _save_on_preemption(self, progress: ProgressLog, step: int, stats: StepStatistics
                             ) -> str:

@@ -1,0 +1,182 @@
+"""Benchmark: start-up of `python -m trainer.task` at WMT sizes, fresh and resumed.
+
+Two tables, from real runs of the command on a corpus of Multi30k's training pairs
+repeated to the size asked for (plain text in a temporary directory; nothing is written
+into the project), with the Multi30k recipe's flags (trainer/flagfiles/multi30k.cfg:
+`small`, --batch_tokens=4096, --max_len=64, --vocab_size=8000):
+
+  1. --resume_pairs (default 1M): the time from the command's start to its first
+     update when it resumes at step 100, 1,000 and 10,000 (--steps), with the training
+     stream restored from its saved state (trainer/training/training_stream.py) and, for
+     comparison, replayed (the state deleted: how every resume worked before). The
+     checkpoints are made in-process by advancing the real stream that many updates and
+     saving the trainer at that step, which is what a run that trained would leave
+     (minus the weights' values).
+  2. --startup_pairs (default 4.5M): the time to the first update and the peak RSS of a
+     fresh run (vocabulary on a 1M-pair sample, the counting pass, the model) and of the
+     same command resumed after a SIGTERM.
+
+Each run is stopped (SIGKILL) right after its first progress line. Not a test: run it
+by hand, alone on the machine, and copy the tables into the README:
+
+  python bench/resume.py [--resume_pairs=1000000 --steps=100,1000,10000]
+                         [--startup_pairs=4500000] [--skip_resume | --skip_startup]
+"""
+
+import argparse
+import gzip
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import List, Tuple
+
+import machine
+from machine import MULTI30K
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "trainer" / "flagfiles" / "multi30k.cfg"
+FIRST_UPDATE = re.compile(r"^step (\d+)/")
+
+
+def write_corpus(directory: Path, pairs: int) -> Tuple[str, str]:
+    """train.en / train.de with `pairs` lines: Multi30k's training pairs, repeated."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for language in ("en", "de"):
+        lines = gzip.decompress((MULTI30K / f"train.{language}.gz").read_bytes()).splitlines(True)
+        path = directory / f"train.{language}"
+        with open(path, "wb") as f:
+            for start in range(0, pairs, len(lines)):
+                f.writelines(lines[:min(len(lines), pairs - start)])
+        paths.append(str(path))
+    return paths[0], paths[1]
+
+
+def task_flags(corpus: Tuple[str, str], model_dir: Path) -> List[str]:
+    return [f"--flagfile={RECIPE}", f"--train_src={corpus[0]}", f"--train_tgt={corpus[1]}",
+            f"--model_dir={model_dir}", "--export_dir=none", "--log_every=1",
+            "--max_train_minutes=0", "--train_steps=1000000"]
+
+
+def first_update(flags: List[str]) -> Tuple[float, float, List[str]]:
+    """Runs trainer.task until its first progress line; returns (seconds from start to
+    that line, peak RSS in GB, the lines it printed before)."""
+    start = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "trainer.task", *flags], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    lines = []
+    for line in process.stdout:
+        if FIRST_UPDATE.match(line):
+            seconds = time.perf_counter() - start
+            break
+        lines.append(line.rstrip())
+    else:
+        raise RuntimeError("trainer.task ended before its first update:\n" + "\n".join(lines[-20:]))
+    process.send_signal(signal.SIGKILL)
+    _, _, usage = os.wait4(process.pid, 0)
+    return seconds, usage.ru_maxrss / 1e6, lines
+
+
+def checkpoint_at(model_dir: Path, corpus: Tuple[str, str], step: int):
+    """A checkpoint of `step` in model_dir (which has the vocabulary and config.json):
+    the recipe's trainer with its stream advanced by `step` updates, saved."""
+    code = f"""
+import json, sys, keras
+from keras_transformer import TransformerConfig
+from trainer import config as config_lib
+from trainer.data import input_pipeline, sources
+from trainer.training import distribute, model_dir as model_dir_lib
+from trainer.training.run import build_trainer
+keras.utils.set_random_seed(0)
+data_config = config_lib.DataConfig(train_src={corpus[0]!r}, train_tgt={corpus[1]!r},
+    eval_src="{MULTI30K}/val.en", eval_tgt="{MULTI30K}/val.de", max_len=64, batch_tokens=4096,
+    vocab_size=8000)
+data = input_pipeline.build(sources.select(data_config), {str(model_dir)!r}, data_config)
+run = config_lib.RunConfig(model_dir={str(model_dir)!r}, precision="float32")
+trainer = build_trainer(model_dir_lib.load_config({str(model_dir)!r}), data, run,
+                        distribute.make_strategy(0))
+trainer.restore()
+for _ in range({step}):
+    trainer.stream.next()
+trainer.optimizer.iterations.assign({step})
+trainer.save({step})
+"""
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True,
+                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+def resume_table(directory: Path, pairs: int, steps: List[int]):
+    corpus = write_corpus(directory, pairs)
+    base = directory / "fresh"
+    seconds, rss, _ = first_update(task_flags(corpus, base))
+    print(f"fresh run on {pairs:,} pairs: first update after {seconds:.1f} s "
+          f"(vocabulary, counts), peak RSS {rss:.2f} GB", flush=True)
+    rows = []
+    for step in steps:
+        model_dir = directory / f"step{step}"
+        model_dir.mkdir()
+        for name in ("spm.model", "config.json", "data_counts.json"):
+            shutil.copy(base / name, model_dir / name)
+        start = time.perf_counter()
+        checkpoint_at(model_dir, corpus, step)
+        prepared = time.perf_counter() - start
+        restored, _, lines = first_update(task_flags(corpus, model_dir))
+        assert any("training stream restored" in line for line in lines), lines
+        shutil.rmtree(model_dir / "training_stream")
+        replayed, _, lines = first_update(task_flags(corpus, model_dir))
+        assert any("replaying" in line for line in lines), lines
+        rows.append((step, restored, replayed, prepared))
+        print(f"  step {step}: restored {restored:.1f} s, replayed {replayed:.1f} s", flush=True)
+    print(f"\nTime from start to the first update of a resumed run, {pairs:,} pairs, "
+          "the Multi30k recipe's flags (batch_tokens 4096, small):\n")
+    print("| resumed at step | stream restored | stream replayed (before) |")
+    print("|---:|---:|---:|")
+    for step, restored, replayed, _ in rows:
+        print(f"| {step:,} | {restored:.1f} s | {replayed:.1f} s |")
+
+
+def startup_table(directory: Path, pairs: int):
+    corpus = write_corpus(directory, pairs)
+    model_dir = directory / "startup"
+    rows = []
+    fresh, fresh_rss, _ = first_update(task_flags(corpus, model_dir))
+    rows.append(("fresh (vocabulary, counting pass, model)", fresh, fresh_rss))
+    # A checkpoint to resume from, as a preempted run leaves it.
+    checkpoint_at(model_dir, corpus, 1)
+    resumed, resumed_rss, lines = first_update(task_flags(corpus, model_dir))
+    assert any("training stream restored" in line for line in lines), lines
+    rows.append(("resumed (counts cached, stream restored)", resumed, resumed_rss))
+    print(f"\nStart-up on {pairs:,} pairs ({os.path.getsize(corpus[0]) / 1e6:.0f} + "
+          f"{os.path.getsize(corpus[1]) / 1e6:.0f} MB of text), the Multi30k recipe's flags:\n")
+    print("| run | time to first update | peak RSS |")
+    print("|---|---:|---:|")
+    for name, seconds, rss in rows:
+        print(f"| {name} | {seconds / 60:.1f} min ({seconds:.0f} s) | {rss:.2f} GB |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--resume_pairs", type=int, default=1_000_000)
+    parser.add_argument("--steps", default="100,1000,10000")
+    parser.add_argument("--startup_pairs", type=int, default=4_500_000)
+    parser.add_argument("--skip_resume", action="store_true")
+    parser.add_argument("--skip_startup", action="store_true")
+    args = parser.parse_args()
+    print(machine.describe(), flush=True)
+    with tempfile.TemporaryDirectory() as directory:
+        if not args.skip_resume:
+            resume_table(Path(directory) / "resume",
+                         args.resume_pairs, [int(s) for s in args.steps.split(",")])
+        if not args.skip_startup:
+            startup_table(Path(directory) / "startup", args.startup_pairs)
+
+
+if __name__ == "__main__":
+    main()
