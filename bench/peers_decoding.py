@@ -15,7 +15,7 @@ weights (float32, beam 4):
                            the whole prefix;
   keras-hub BeamSampler    keras_hub.samplers.BeamSampler(num_beams=4) driving a next-token
                            function on a model of keras_hub.layers.TransformerEncoder /
-                           TransformerDecoder (bench/peers_training.KerasHubTransformer) that
+                           TransformerDecoder (bench/peers.KerasHubTransformer) that
                            holds our trained weights, decoding with keras-hub's key/value
                            caches the way keras-hub's BartSeq2SeqLM.generate_step does
                            (stacked per-layer caches, the cross-attention keys and values
@@ -40,7 +40,7 @@ implementation decodes the first batch untimed (tracing; the XLA row every batch
 compiles once per shape), then every batch once timed; they take turns batch by batch so
 load from other processes falls on all alike.
 
-Needs the installs of bench/peers_training.py (it imports its KerasHubTransformer):
+Needs the installs of bench/peers_training.py (it imports bench/peers.py's KerasHubTransformer):
 
   pip install torch==2.13.0
   pip install keras-hub --no-deps && pip install tokenizers --no-deps
@@ -85,7 +85,7 @@ from trainer.training import model_dir as model_dir_lib
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import machine  # noqa: E402
 from machine import MULTI30K  # noqa: E402
-from peers_training import KerasHubTransformer  # noqa: E402
+from peers import KerasHubTransformer  # noqa: E402
 BEAM_SIZE, ALPHA, EXTRA_LENGTH = 4, 0.6, 50
 
 
