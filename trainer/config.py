@@ -74,12 +74,12 @@ class DataConfig:
                              f"max_len={self.max_len}: a longest pair would not fit in a batch")
         for split, (source, target) in (("train", ("train_src", "train_tgt")),
                                         ("eval", ("eval_src", "eval_tgt"))):
-            sources, targets = _paths(getattr(self, source)), _paths(getattr(self, target))
+            sources, targets = file_list(getattr(self, source)), file_list(getattr(self, target))
             if sources and targets and len(sources) != len(targets):
                 raise ValueError(f"{source} has {len(sources)} files but {target} has "
                                  f"{len(targets)}: give a target file for every source file")
         if self.train_weights is not None:
-            corpora = len(_paths(self.train_src))
+            corpora = len(file_list(self.train_src))
             if corpora and len(self.train_weights) != corpora:
                 raise ValueError(f"train_weights has {len(self.train_weights)} weights for "
                                  f"{corpora} training corpora (train_src's files)")
@@ -91,11 +91,11 @@ class DataConfig:
     def text_files(self) -> Dict[str, List[Tuple[str, str]]]:
         """{"train": [(source, target), ...], "validation": [(source, target)]}: the text
         files as given, a pair per corpus."""
-        return {"train": list(zip(_paths(self.train_src), _paths(self.train_tgt))),
-                "validation": list(zip(_paths(self.eval_src), _paths(self.eval_tgt)))}
+        return {"train": list(zip(file_list(self.train_src), file_list(self.train_tgt))),
+                "validation": list(zip(file_list(self.eval_src), file_list(self.eval_tgt)))}
 
 
-def _paths(paths: Optional[str]) -> List[str]:
+def file_list(paths: Optional[str]) -> List[str]:
     """The files of a comma-separated list."""
     return [path.strip() for path in (paths or "").split(",") if path.strip()]
 
@@ -181,7 +181,7 @@ def default_run_name(preset: str, data_config: DataConfig) -> str:
     """<preset>_<data>: the name of a run's default model and export directories, e.g.
     "small_multi30k" for text files in a multi30k directory."""
     if data_config.train_src:
-        first = _paths(data_config.train_src)[0]
+        first = file_list(data_config.train_src)[0]
         data = os.path.basename(os.path.dirname(os.path.abspath(first))) or "files"
     else:
         data = (data_config.dataset or "builtin").replace("tfds:", "").replace("/", "-")

@@ -15,7 +15,8 @@ from absl import flags
 
 from keras_transformer.config import PRESETS, TransformerConfig
 from trainer import cli
-from trainer.config import PRECISIONS, SUBWORD_MODELS, DataConfig, RunConfig, default_run_name
+from trainer.config import (PRECISIONS, SUBWORD_MODELS, DataConfig, RunConfig,
+                            default_run_name, file_list)
 
 FLAGS = flags.FLAGS
 
@@ -116,8 +117,8 @@ def model_config() -> TransformerConfig:
 
 def data_config() -> DataConfig:
     for name in ("train_src", "train_tgt", "eval_src", "eval_tgt"):
-        for path in (getattr(FLAGS, name) or "").split(","):
-            if path and not os.path.exists(path):
+        for path in file_list(getattr(FLAGS, name)):
+            if not os.path.exists(path):
                 raise ValueError(f"--{name}={path}: no such file")
     values = {field.name: FLAGS[field.name].value
               for field in dataclasses.fields(DataConfig) if field.name in FLAGS}

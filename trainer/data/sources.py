@@ -15,8 +15,8 @@ them is the input pipeline's job, so every source is counted the same way.
   "wmt_t2t_translate/de-en", whose features are a dict keyed by language code.
 
 A split is one or more `Corpus`es, each with a key that changes when its content may
-have (caches of what was counted use it). `select` turns a DataConfig into a source. Every error about the
-data is a `DataError` with a one-line message.
+have (caches of what was counted use it). `select` turns a DataConfig into a source.
+Every error about the data is a `DataError` with a one-line message.
 """
 
 import abc
