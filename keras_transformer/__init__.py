@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "attention": ("MultiHeadAttention", "scaled_dot_product_attention"),
     "decoding": ("DecodeResult", "beam_search", "greedy_search", "length_penalty",
-                    "sequence_log_probs"),
+                 "sample_search", "sequence_log_probs"),
     "decoder": ("Decoder", "DecoderLayer"),
     "dropout": ("Dropout",),
     "embedding": ("SharedEmbedding",),

@@ -1,4 +1,4 @@
-"""Beam search and greedy decoding in TensorFlow (paper section 6.1), and the
+"""Beam search and greedy decoding in TensorFlow (paper section 6.1), sampling, and the
 teacher-forced log-probability of given targets.
 
 Section 6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6 ...
@@ -12,6 +12,11 @@ XLA's fixed shapes: the self-attention cache grows by one position per step (wri
 a position costs O(1), attending costs O(position)), a sentence's beams share its
 encoder-decoder keys and values (never copied per beam), and a sentence whose n-best
 can no longer change leaves the batch.
+
+Every search takes its settings as Python values or as scalar tensors (a SavedModel
+signature's inputs: one trace serves every beam size), and may be given a target prefix:
+tokens every output starts with, as if a translator had typed them, scored by the model
+(their log-probabilities are in the results) and followed by the search.
 
 Ids are the project's (keras_transformer.special_ids): pad 0, BOS 2 (position 0 of
 every target), EOS 3. Outputs never contain PAD or BOS before their EOS; every output ends with EOS,
@@ -86,7 +91,8 @@ def sequence_log_probs(model, source_ids, target_ids):
     return tf.reduce_sum(tf.where(target_ids != PAD_ID, token_log_probs, 0.0), axis=1)
 
 
-def greedy_search(model, source_ids, alpha=0.6, extra_length=EXTRA_LENGTH, use_cache=True):
+def greedy_search(model, source_ids, alpha=0.6, extra_length=EXTRA_LENGTH, use_cache=True,
+                  target_prefix=None):
     """Greedy decoding: the most probable token at each step, until EOS.
 
     Args:
@@ -97,13 +103,69 @@ def greedy_search(model, source_ids, alpha=0.6, extra_length=EXTRA_LENGTH, use_c
         extra_length) tokens, and at most config.max_length - 1.
       use_cache: True decodes one position per step with `model.decode_step`; False
         recomputes `model.decode` over the whole prefix (for tests and benchmarks).
+      target_prefix: None, or int [batch, prefix_len], 0-padded: each output starts with
+        its row's tokens (see `beam_search`).
     Returns:
       DecodeResult with beam = 1.
     """
+    return _single_path_search(model, source_ids, _most_probable, alpha, extra_length,
+                               use_cache, target_prefix)
+
+
+def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k=0,
+                  top_p=1.0, alpha=0.6, extra_length=EXTRA_LENGTH, use_cache=True,
+                  target_prefix=None):
+    """Random sampling: each token drawn from the model's distribution at `temperature`,
+    restricted to the top_k most probable tokens and to the nucleus of top_p
+    probability (Holtzman et al., 2020), until EOS; num_samples outputs per sentence.
+
+    The draws are stateless (tf.random.stateless_categorical, seeded by `seed` and the
+    step), so the same seed, inputs and batch give the same samples in any process or
+    thread, and another seed other samples.
+
+    Args:
+      model: a Transformer.
+      source_ids: int [batch, src_len], 0-padded.
+      seed: int scalar.
+      num_samples: outputs per sentence.
+      temperature: the logits are divided by it before the top-k/top-p restriction; 0
+        (or less) takes the most probable token, i.e. greedy search.
+      top_k: keep the k most probable tokens (ties with the k-th kept too); 0 keeps all.
+      top_p: keep the smallest set of most probable tokens whose probability (at the
+        temperature) reaches top_p; 1 keeps all. The most probable token is always kept.
+      alpha, extra_length, use_cache, target_prefix: as `greedy_search`.
+    Returns:
+      DecodeResult with beam = num_samples, each sentence's samples sorted by score.
+      log_probs are the model's (temperature 1, unrestricted) log P(output | source).
+    """
+    source_ids = tf.cast(source_ids, tf.int32)
+    batch = tf.shape(source_ids)[0]
+    if target_prefix is not None:
+        target_prefix = tf.repeat(tf.cast(target_prefix, tf.int32), num_samples, axis=0)
+    sample = _sampler(seed, temperature, top_k, top_p)
+    # A sentence's samples in adjacent rows, decoded as a batch of batch * num_samples.
+    result = _single_path_search(model, tf.repeat(source_ids, num_samples, axis=0), sample,
+                                 alpha, extra_length, use_cache, target_prefix)
+
+    def per_sentence(t):  # [batch * num_samples, 1, ...] -> [batch, num_samples, ...]
+        return tf.reshape(t, tf.concat([tf.stack([batch, num_samples]), tf.shape(t)[2:]], 0))
+
+    ids, scores, log_probs, lengths = (per_sentence(t) for t in result)
+    scores, order = tf.math.top_k(scores, num_samples)
+    return DecodeResult(tf.gather(ids, order, batch_dims=1), scores,
+                        tf.gather(log_probs, order, batch_dims=1),
+                        tf.gather(lengths, order, batch_dims=1))
+
+
+def _single_path_search(model, source_ids, choose, alpha, extra_length, use_cache,
+                        target_prefix):
+    """One output per row: at each step choose(log-probs [batch, vocab] with the tokens
+    not allowed at -inf, step) -> int32 [batch] picks the next token, until EOS."""
     source_ids = tf.cast(source_ids, tf.int32)
     batch = tf.shape(source_ids)[0]
     width, max_lengths = _decode_lengths(model, source_ids, extra_length)
     state, step = _step_function(model, source_ids, width, use_cache)
+    prefix = _Prefix.of(target_prefix)
 
     def cond(i, seqs, log_probs, finished, state):
         return (i < width) & ~tf.reduce_all(finished)
@@ -111,9 +173,12 @@ def greedy_search(model, source_ids, alpha=0.6, extra_length=EXTRA_LENGTH, use_c
     def body(i, seqs, log_probs, finished, state):
         token_log_probs, state = step(seqs, i, state)  # [batch, vocab]
         token_log_probs = _allowed(token_log_probs, i + 1, max_lengths[:, None])
-        tokens = tf.argmax(token_log_probs, axis=-1, output_type=tf.int32)  # [batch]
+        if prefix is not None:
+            token_log_probs = prefix.force(token_log_probs, i, max_lengths)
+        tokens = choose(token_log_probs, i)  # [batch]
         tokens = tf.where(finished, PAD_ID, tokens)
-        log_probs += tf.where(finished, 0.0, tf.reduce_max(token_log_probs, axis=-1))
+        log_probs += tf.where(finished, 0.0, tf.gather(token_log_probs, tf.maximum(tokens, 0),
+                                                       batch_dims=1))
         seqs = _write(seqs, i + 1, tokens)
         return i + 1, seqs, log_probs, finished | (tokens == EOS_ID), state
 
@@ -130,6 +195,79 @@ def greedy_search(model, source_ids, alpha=0.6, extra_length=EXTRA_LENGTH, use_c
     return DecodeResult(ids, log_probs / length_penalty(lengths, alpha), log_probs, lengths)
 
 
+def _most_probable(log_probs, step):
+    """Greedy search's choice: int32 [batch], the argmax of log_probs [batch, vocab]."""
+    del step
+    return tf.argmax(log_probs, axis=-1, output_type=tf.int32)
+
+
+def _sampler(seed, temperature, top_k, top_p):
+    """sample_search's choice: (log_probs [batch, vocab], step) -> int32 [batch]."""
+    seed = tf.cast(seed, tf.int64)
+    temperature = tf.cast(temperature, tf.float32)
+
+    def sample(log_probs, step):
+        logits = _nucleus(log_probs / tf.maximum(temperature, 1e-6), top_k, top_p)
+        drawn = tf.random.stateless_categorical(
+            logits, 1, tf.stack([seed, tf.cast(step, tf.int64)]), dtype=tf.int32)[:, 0]
+        return tf.where(temperature > 0, drawn, _most_probable(log_probs, step))
+
+    return sample
+
+
+def _nucleus(logits, top_k=0, top_p=1.0):
+    """logits float32 [batch, vocab] with -inf outside each row's top-k tokens (ties
+    with the k-th kept; k <= 0: all) and outside its top-p nucleus: the fewest most
+    probable tokens whose softmax probability sums to at least top_p (the most probable
+    token always kept). top_k and top_p: Python numbers or scalar tensors."""
+    vocab = tf.shape(logits)[-1]
+    top_k = tf.cast(top_k, tf.int32)
+    k = tf.where(top_k > 0, tf.minimum(top_k, vocab), vocab)
+    descending = tf.sort(logits, axis=-1, direction="DESCENDING")
+    # Probability of the tokens ranked before each one: a token is in the nucleus when
+    # those fall short of top_p.
+    before = tf.cumsum(tf.nn.softmax(descending, axis=-1), axis=-1, exclusive=True)
+    kept = (tf.range(vocab) < k) & ((before < tf.cast(top_p, tf.float32)) |
+                                    (tf.range(vocab) == 0))
+    threshold = tf.reduce_min(tf.where(kept, descending, float("inf")), axis=-1,
+                              keepdims=True)
+    return tf.where(logits >= threshold, logits, float("-inf"))
+
+
+class _Prefix(NamedTuple):
+    """A target prefix: tokens int32 [batch, width >= 1] (0-padded) and lengths int32
+    [batch] (0: none), which outputs must start with."""
+
+    tokens: tf.Tensor
+    lengths: tf.Tensor
+
+    @classmethod
+    def of(cls, target_prefix):
+        """The prefix of int [batch, prefix_len] `target_prefix`, 0-padded; None for None
+        (a search without a prefix has no forcing ops at all)."""
+        if target_prefix is None:
+            return None
+        tokens = tf.cast(target_prefix, tf.int32)
+        lengths = tf.reduce_sum(tf.cast(tokens != PAD_ID, tf.int32), axis=1)
+        # A column of padding, so that the position after the longest prefix exists.
+        return cls(tf.pad(tokens, [[0, 0], [0, 1]]), lengths)
+
+    def force(self, log_probs, position, max_lengths, rows=None):
+        """log_probs [rows, vocab] of the output token at `position` (0-based) with every
+        token but the prefix's at -inf on rows still inside their prefix; a prefix is
+        cut where only EOS fits (max_lengths [rows]). rows: int32 [rows], this prefix's
+        row of each (default: the same row)."""
+        tokens, lengths = self.tokens, self.lengths
+        if rows is not None:
+            tokens, lengths = tf.gather(tokens, rows), tf.gather(lengths, rows)
+        column = tf.minimum(position, tf.shape(tokens)[1] - 1)
+        forced = tf.gather(tokens, column, axis=1)  # [rows]
+        forcing = (position < lengths) & (position + 1 < max_lengths)
+        token = tf.range(tf.shape(log_probs)[-1])
+        keep = ~forcing[:, None] | (token == forced[:, None])
+        return tf.where(keep, log_probs, float("-inf"))
+
+
 class _Hypotheses(NamedTuple):
     """Finished hypotheses of each sentence: seqs int32 [n, beam, width + 1] (BOS
     first), scores and log_probs float32 [n, beam], by decreasing score (-inf: empty)."""
@@ -140,7 +278,7 @@ class _Hypotheses(NamedTuple):
 
 
 def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LENGTH,
-                use_cache=True, num_hypotheses=None):
+                use_cache=True, num_hypotheses=None, target_prefix=None):
     """Beam search with the length penalty of Wu et al. (2016), section 6.1.
 
     Each step extends every live beam by every token and keeps the 2 * beam_size
@@ -152,6 +290,10 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
     alpha >= 0), since log-probs only decrease. So the early exit never changes the
     first num_hypotheses of the returned n-best. A done sentence leaves the batch (its
     rows are no longer computed), and the loop stops when no sentence is left.
+
+    With a target prefix, each sentence's search starts from the single hypothesis
+    BOS + prefix, scored by teacher forcing: while a sentence is inside its prefix every
+    token but the prefix's is excluded, so only that hypothesis stays live.
 
     Args:
       model: a Transformer.
@@ -166,11 +308,17 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
         the search can find, 1 to beam_size (default): 1 when only the best
         translation is used stops as soon as it is certain, and the others are then
         finished hypotheses ranked as found, not necessarily the 2nd.. best.
+      target_prefix: None, or int [batch, prefix_len], 0-padded (PAD, BOS and EOS are
+        not tokens a prefix holds): each output starts with its row's tokens, cut where
+        the sentence's maximum length leaves room only for EOS.
+    beam_size, alpha, extra_length and num_hypotheses may be scalar tensors (the caller
+    then keeps 1 <= num_hypotheses <= beam_size and extra_length >= 0).
     Returns:
       DecodeResult with beam = beam_size, hypotheses sorted by score.
     """
     num_hypotheses = beam_size if num_hypotheses is None else num_hypotheses
-    if not 1 <= num_hypotheses <= beam_size:
+    if not any(map(tf.is_tensor, (beam_size, num_hypotheses))) and not (
+            1 <= num_hypotheses <= beam_size):
         raise ValueError(f"num_hypotheses must be in 1..beam_size={beam_size}, "
                          f"got {num_hypotheses}")
     source_ids = tf.cast(source_ids, tf.int32)
@@ -178,6 +326,7 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
     vocab = model.config.vocab_size
     width, max_lengths = _decode_lengths(model, source_ids, extra_length)
     state, step = _step_function(model, source_ids, width, use_cache, beam_size)
+    prefix = _Prefix.of(target_prefix)
     neg_inf = tf.constant(float("-inf"))
 
     def cond(i, sentences, live_seqs, live_log_probs, finished, max_lengths, state,
@@ -190,6 +339,9 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
         n = tf.shape(sentences)[0]
         flat_seqs = tf.reshape(live_seqs, tf.stack([n * beam_size, width + 1]))
         token_log_probs, state = step(flat_seqs, i, state)  # [n * beam, vocab]
+        if prefix is not None:
+            token_log_probs = prefix.force(token_log_probs, i, tf.repeat(max_lengths, beam_size),
+                                           rows=tf.repeat(sentences, beam_size))
         # 2 * beam candidates hold at least beam that do not end in EOS (at most one
         # EOS per live beam), so the live set never runs short.
         top_log_probs, top_beams, top_tokens = _best_extensions(
@@ -260,7 +412,7 @@ def _decode_lengths(model, source_ids, extra_length):
     source width is static, so XLA sees fixed shapes."""
     cap = model.config.max_length - 1  # BOS takes one of the model's positions
     src_len = source_ids.shape[1]
-    if src_len is None:
+    if src_len is None or tf.is_tensor(extra_length):
         width = tf.minimum(tf.shape(source_ids)[1] + extra_length, cap)
     else:
         width = min(src_len + extra_length, cap)
@@ -346,7 +498,7 @@ def _best_extensions(log_probs, live_log_probs, length, max_lengths, k, vocab):
     # A sentence's k best hold at most k of one beam, so each beam's k best tokens
     # suffice, plus 2 for PAD and BOS: two small top-ks instead of masking, adding to
     # and ranking all beam * vocab candidates.
-    per_beam = min(k + 2, vocab)
+    per_beam = tf.minimum(k + 2, vocab) if tf.is_tensor(k) else min(k + 2, vocab)
     best, tokens = tf.math.top_k(log_probs, per_beam)  # [n * beam, per_beam]
     best = tf.where((tokens == PAD_ID) | (tokens == BOS_ID), float("-inf"), best)
     # At its maximum length a sentence may only end: EOS is each beam's one candidate.

@@ -191,15 +191,21 @@ def test_beam_search_is_never_worse_than_greedy(copy_model, beam_size, alpha):
         assert np.any(beam.scores[:, 0] > greedy.scores[:, 0] + 1e-3), "the beam never helped"
 
 
-def exhaustive_beam_search(next_log_probs, source, beam_size, alpha, max_length):
+def exhaustive_beam_search(next_log_probs, source, beam_size, alpha, max_length, prefix=()):
     """A plain beam search of one sentence that never stops early: live beams are
     extended up to max_length (where only EOS is allowed), every finished hypothesis
-    is kept. next_log_probs: (prefixes with BOS [n, t], sources [n, s]) -> log-probs
-    [n, vocab] of the next token. Returns the best beam_size (ids, score) pairs."""
-    live, finished = [((2,), 0.0)], []
-    for length in range(1, max_length + 1):
+    is kept. next_log_probs: `next_log_probs_of(model)`. With a target prefix (cut to max_length - 1 tokens)
+    the search starts from BOS + prefix, scored by teacher forcing. Returns the best
+    beam_size (ids, score) pairs."""
+    prefix = tuple(prefix[:max_length - 1])
+    ids = (2,) + prefix
+    log_softmax = next_log_probs(np.array([ids], "int32"), source[None]).numpy()[0]
+    forced = sum(log_softmax[t, token] for t, token in enumerate(prefix))
+    live, finished = [(ids, forced)], []
+    for length in range(len(prefix) + 1, max_length + 1):
         prefixes = np.array([ids for ids, _ in live], "int32")
-        log_softmax = next_log_probs(prefixes, np.repeat(source[None], len(live), 0)).numpy()
+        log_softmax = next_log_probs(prefixes, np.repeat(source[None], len(live), 0))
+        log_softmax = log_softmax.numpy()[:, -1]
         allowed = [EOS_ID] if length == max_length else [1] + list(range(EOS_ID, VOCAB))
         candidates = sorted(((ids + (token,), log_prob + row[token])
                              for (ids, log_prob), row in zip(live, log_softmax)
@@ -211,15 +217,20 @@ def exhaustive_beam_search(next_log_probs, source, beam_size, alpha, max_length)
     return sorted(finished, key=lambda f: -f[1])[:beam_size]
 
 
+def next_log_probs_of(model):
+    """(prefixes with BOS [n, t], sources [n, s]) -> log-softmax [n, t, vocab] of the
+    token after each prefix position, by teacher forcing (`model.decode`)."""
+    return tf.function(lambda prefixes, sources: tf.nn.log_softmax(model((sources, prefixes))),
+                       input_signature=ANY_IDS * 2)
+
+
 # alpha = 3 favours long outputs so strongly that a live beam's bound must use the
 # penalty of the longest output, not of the current length.
 @pytest.mark.parametrize("alpha", [0.6, 3.0])
 def test_early_exit_returns_the_n_best_of_a_search_that_never_stops_early(copy_model,
                                                                           sources, alpha):
     result = decode(beam_search, copy_model, sources, beam_size=4, alpha=alpha)
-    next_log_probs = tf.function(
-        lambda prefixes, sources: tf.nn.log_softmax(copy_model((sources, prefixes))[:, -1]),
-        input_signature=ANY_IDS * 2)
+    next_log_probs = next_log_probs_of(copy_model)
     for source, ids, scores, lengths in zip(sources, result.ids, result.scores,
                                             result.lengths):
         max_length = min(np.count_nonzero(source) + 50, CONFIG.max_length - 1)

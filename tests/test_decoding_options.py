@@ -1,0 +1,172 @@
+"""Decoding options as a SavedModel signature passes them (keras_transformer.decoding):
+settings as scalar tensors, a forced target prefix, and sampling with temperature,
+top-k, top-p and a seed."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import (EOS_ID, beam_search, greedy_search, sample_search,
+                               sequence_log_probs)
+from test_decoding import (ANY_IDS, CONFIG, VOCAB, copy_batch, copy_model, decode,  # noqa: F401
+                           exhaustive_beam_search, next_log_probs_of, recomputed_log_probs,
+                           sources)
+
+SETTINGS = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32),
+            tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)]
+# Per source row of `sources`: none, one token, a prefix the copy model would not
+# choose (tokens of another source), and one longer than any output may be.
+PREFIXES = [[], [7], [9, 9, 4], [5, 6], list(range(4, 16)) * 3, [12]]
+
+
+def padded(rows):
+    width = max(map(len, rows))
+    return np.array([row + [0] * (width - len(row)) for row in rows], "int32")
+
+
+def decode_with_prefix(search, model, source_ids, prefix_rows, **kwargs):
+    """`search` with target_prefix=padded(prefix_rows), in a tf.function with unknown
+    batch and lengths (as `decode`)."""
+    function = tf.function(lambda ids, prefix: search(model, ids, target_prefix=prefix,
+                                                      **kwargs),
+                           input_signature=ANY_IDS * 2)
+    return tf.nest.map_structure(lambda t: t.numpy(), function(source_ids, padded(prefix_rows)))
+
+
+def test_one_trace_takes_the_settings_as_tensors_and_gives_what_python_settings_give(
+        copy_model, sources):
+    function = tf.function(
+        lambda ids, beam, alpha, extra, n: beam_search(copy_model, ids, beam_size=beam,
+                                                       alpha=alpha, extra_length=extra,
+                                                       num_hypotheses=n),
+        input_signature=ANY_IDS + SETTINGS)
+    for beam, alpha, extra, n in [(1, 0.0, 50, 1), (4, 0.6, 50, 4), (3, 1.0, 2, 2)]:
+        got = function(sources, beam, alpha, extra, n)
+        expected = decode(beam_search, copy_model, sources, beam_size=beam, alpha=alpha,
+                          extra_length=extra, num_hypotheses=n)
+        np.testing.assert_array_equal(got.ids, expected.ids)
+        np.testing.assert_allclose(got.scores, expected.scores, atol=1e-5)
+        assert got.ids.shape[1] == beam
+    assert function.experimental_get_tracing_count() == 1
+    # extra_length 2: outputs of at most (source tokens + 2) tokens.
+    lengths = function(sources, 3, 1.0, 2, 2).lengths.numpy()
+    assert np.all(lengths <= np.count_nonzero(sources, axis=1)[:, None] + 2)
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.0])
+def test_a_prefix_starts_every_hypothesis_and_the_search_goes_on_as_from_teacher_forcing(
+        copy_model, sources, alpha):
+    result = decode_with_prefix(beam_search, copy_model, sources, PREFIXES, beam_size=4,
+                                alpha=alpha)
+    next_log_probs = next_log_probs_of(copy_model)
+    for source, prefix, ids, scores, lengths in zip(sources, PREFIXES, result.ids,
+                                                    result.scores, result.lengths):
+        max_length = min(np.count_nonzero(source) + 50, CONFIG.max_length - 1)
+        expected = exhaustive_beam_search(next_log_probs, source, 4, alpha, max_length,
+                                          prefix)
+        # Fewer than 4 outputs exist when the prefix fills the output: empty slots follow.
+        found = np.isfinite(scores)
+        got = [tuple(row[:n]) for row, n in zip(ids[found], lengths[found])]
+        assert got == [e[0] for e in expected]
+        np.testing.assert_allclose(scores[found], [e[1] for e in expected], atol=1e-4)
+        kept = prefix[:max_length - 1]  # a prefix too long for the output is cut
+        assert all(list(hypothesis[:len(kept)]) == kept for hypothesis in got)
+    # The prefix's own log-probabilities are part of every hypothesis' log-prob.
+    found = np.isfinite(result.log_probs)
+    np.testing.assert_allclose(recomputed_log_probs(copy_model, sources, result)[found],
+                               result.log_probs[found], atol=1e-4)
+    assert result.lengths[4, 0] == CONFIG.max_length - 1  # the cut prefix, then EOS
+
+
+@pytest.mark.parametrize("search", ["greedy", "sample"])
+def test_greedy_and_sampled_outputs_start_with_the_prefix_and_score_it(copy_model, sources,
+                                                                       search):
+    if search == "greedy":
+        result = decode_with_prefix(greedy_search, copy_model, sources, PREFIXES)
+    else:
+        result = decode_with_prefix(sample_search, copy_model, sources, PREFIXES, seed=3,
+                                    num_samples=2, temperature=2.0)
+    for row, rows in zip(PREFIXES, result.ids):
+        kept = row[:CONFIG.max_length - 2]
+        assert all(list(ids[:len(kept)]) == kept for ids in rows)
+    np.testing.assert_allclose(recomputed_log_probs(copy_model, sources, result),
+                               result.log_probs, atol=1e-4)
+
+
+def test_top_k_1_and_temperature_0_sample_the_greedy_output(copy_model, sources):
+    greedy = decode(greedy_search, copy_model, sources)
+    for seed, settings in [(0, dict(top_k=1)), (1, dict(top_k=1, temperature=5.0)),
+                           (2, dict(temperature=0.0))]:
+        sampled = decode(sample_search, copy_model, sources, seed=seed, num_samples=3,
+                         **settings)
+        assert sampled.ids.shape[:2] == (len(sources), 3)
+        for k in range(3):
+            np.testing.assert_array_equal(sampled.ids[:, k], greedy.ids[:, 0])
+            np.testing.assert_allclose(sampled.log_probs[:, k], greedy.log_probs[:, 0],
+                                       atol=1e-5)
+
+
+def test_a_seed_gives_the_same_samples_and_another_seed_others(copy_model):
+    batch = copy_batch(np.random.default_rng(5), batch=8)
+    first, again, other = (decode(sample_search, copy_model, batch, seed=seed, num_samples=2,
+                                  temperature=3.0) for seed in (11, 11, 12))
+    np.testing.assert_array_equal(first.ids, again.ids)
+    assert not np.array_equal(first.ids, other.ids)
+    # A sentence's samples are sorted by score, and they differ from each other.
+    assert np.all(np.diff(first.scores, axis=1) <= 0)
+    assert not np.array_equal(first.ids[:, 0], first.ids[:, 1])
+
+
+def restricted_sets(model, source_ids, result, temperature):
+    """For every sampled token (EOS included): (its rank among the tokens the search
+    allows at its position, the probability at `temperature` of the tokens ranked before
+    it), recomputed by teacher forcing."""
+    batch, samples, width = result.ids.shape
+    ids = result.ids.reshape(batch * samples, width)
+    inputs = np.concatenate([np.full((len(ids), 1), 2, "int32"), ids[:, :-1]], axis=1)
+    log_softmax = tf.nn.log_softmax(model((np.repeat(source_ids, samples, 0), inputs)))
+    logits = log_softmax.numpy() / temperature
+    logits[:, :, :EOS_ID] = -np.inf
+    logits[:, :, 1] = log_softmax.numpy()[:, :, 1] / temperature  # UNK is allowed
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    ranks, before = [], []
+    for row, length in zip(range(len(ids)), result.lengths.reshape(-1)):
+        for t in range(length):
+            chosen = logits[row, t, ids[row, t]]
+            higher = logits[row, t] > chosen + 1e-4
+            ranks.append(higher.sum())
+            before.append(probs[row, t][higher].sum())
+    return np.array(ranks), np.array(before)
+
+
+def test_every_sampled_token_lies_in_the_top_k_and_top_p_sets(copy_model):
+    batch = copy_batch(np.random.default_rng(6), batch=16)
+    temperature = 3.0
+    unrestricted = decode(sample_search, copy_model, batch, seed=7, num_samples=4,
+                          temperature=temperature)
+    ranks, _ = restricted_sets(copy_model, batch, unrestricted, temperature)
+    assert np.any(ranks >= 3), "the test needs samples outside the top 3 when unrestricted"
+    top_k = decode(sample_search, copy_model, batch, seed=7, num_samples=4,
+                   temperature=temperature, top_k=3)
+    ranks, _ = restricted_sets(copy_model, batch, top_k, temperature)
+    assert np.all(ranks < 3) and np.any(ranks > 0)
+    top_p = decode(sample_search, copy_model, batch, seed=7, num_samples=4,
+                   temperature=temperature, top_p=0.5)
+    ranks, before = restricted_sets(copy_model, batch, top_p, temperature)
+    # Inside the nucleus: the tokens ranked before it fall short of top_p.
+    assert np.all((before < 0.5 + 1e-4) | (ranks == 0)) and np.any(ranks > 0)
+    both = decode(sample_search, copy_model, batch, seed=7, num_samples=4,
+                  temperature=temperature, top_k=2, top_p=0.9)
+    ranks, before = restricted_sets(copy_model, batch, both, temperature)
+    assert np.all(ranks < 2) and np.all((before < 0.9 + 1e-4) | (ranks == 0))
+
+
+def test_sampled_log_probs_are_the_models_at_temperature_1(copy_model, sources):
+    result = decode(sample_search, copy_model, sources, seed=4, num_samples=2, temperature=2.0)
+    np.testing.assert_allclose(recomputed_log_probs(copy_model, sources, result),
+                               result.log_probs, atol=1e-4)
+    np.testing.assert_allclose(
+        result.log_probs, sequence_log_probs(
+            copy_model, np.repeat(sources, 2, 0),
+            result.ids.reshape(-1, result.ids.shape[-1])).numpy().reshape(-1, 2), atol=1e-4)
