@@ -36,6 +36,19 @@ SIGNATURES = {
                    "output_lengths": (tf.int32, [None]),
                    "encoder_self_attention": (tf.float32, [None, 2, 4, None, None]),
                    "encoder_decoder_attention": (tf.float32, [None, 2, 4, None, None])}),
+    "translate_with_options": (
+        {"inputs": (tf.string, [None]), "target_prefix": (tf.string, [None]),
+         "beam_size": (tf.int32, []), "alpha": (tf.float32, []),
+         "max_extra_length": (tf.int32, []), "num_hypotheses": (tf.int32, [])},
+        {"translations": (tf.string, [None, None]), "scores": (tf.float32, [None, None]),
+         "log_probs": (tf.float32, [None, None])}),
+    "sample": (
+        {"inputs": (tf.string, [None]), "target_prefix": (tf.string, [None]),
+         "num_hypotheses": (tf.int32, []), "max_extra_length": (tf.int32, []),
+         "temperature": (tf.float32, []), "top_k": (tf.int32, []), "top_p": (tf.float32, []),
+         "seed": (tf.int64, [])},
+        {"translations": (tf.string, [None, None]), "scores": (tf.float32, [None, None]),
+         "log_probs": (tf.float32, [None, None])}),
 }
 
 
@@ -51,6 +64,7 @@ def test_training_ends_with_an_integer_version_holding_vocabulary_and_warmup(exp
     info = json.loads((version / "assets.extra" / "export.json").read_text())
     assert info["checkpoints"] == [str(exported.model_dir / "ckpt-30")]
     assert (info["beam_size"], info["alpha"], info["version"]) == (4, 0.6, 1)
+    assert info["max_beam_size"] == 8
 
 
 def test_signatures_take_and_give_the_documented_tensors(loaded):
@@ -99,7 +113,7 @@ def test_warmup_file_holds_a_request_per_signature_that_the_export_answers(expor
     for request in requests:
         inputs = {k: tf.constant(tf.make_ndarray(v)) for k, v in request.inputs.items()}
         outputs = loaded.signatures[request.model_spec.signature_name](**inputs)
-        batch = next(iter(inputs.values())).shape[0]
+        batch = max(v.shape[0] for v in inputs.values() if v.shape.rank)
         assert batch > 0
         assert all(v.shape[0] == batch for v in outputs.values())
 
@@ -109,29 +123,67 @@ import json, sys
 import tensorflow as tf
 import tensorflow_text  # registers the SentencePiece ops
 model = tf.saved_model.load(sys.argv[1])
-texts = json.loads(sys.stdin.read())
-out = model.signatures["serving_default"](inputs=tf.constant(texts))
+request = json.loads(sys.stdin.read())
+texts = request["texts"]
+
+
+def scalars(options):  # the signatures' dtypes: seed int64, floats float32, the rest int32
+    return {k: tf.constant(v, tf.int64 if k == "seed" else
+                           tf.float32 if isinstance(v, float) else tf.int32)
+            for k, v in options.items()}
+
+
+batch = {"inputs": tf.constant(texts), "target_prefix": tf.constant(request["prefixes"])}
+calls = {"serving_default": {"inputs": batch["inputs"]},
+         "translate_with_options": {**batch, **scalars(request["translate_with_options"])},
+         "sample": {**batch, **scalars(request["sample"])}}
+outputs = {name: model.signatures[name](**kwargs) for name, kwargs in calls.items()}
+
+
+def texts_of(strings):  # tf.string [batch] or [batch, k] -> nested lists of str
+    return [[t.decode() for t in row] if isinstance(row, list) else row.decode()
+            for row in strings.numpy().tolist()]
+
+
 assert "keras_transformer" not in sys.modules and "trainer" not in sys.modules
-print(json.dumps({"translations": [t.decode("utf-8") for t in out["translations"].numpy()],
-                  "scores": out["scores"].numpy().tolist()}))
+print(json.dumps({name: {"translations": texts_of(out["translations"]),
+                         "scores": out["scores"].numpy().tolist()}
+                  for name, out in outputs.items()}))
 """
+# What the consumer passes the options signatures (the same seed as in this process).
+OPTIONS = {"translate_with_options": {"beam_size": 2, "alpha": 1.0, "max_extra_length": 10,
+                                      "num_hypotheses": 2},
+           "sample": {"num_hypotheses": 3, "max_extra_length": 50, "temperature": 1.5,
+                      "top_k": 0, "top_p": 0.95, "seed": 1234}}
 
 
 def test_a_python_with_only_tensorflow_and_tensorflow_text_translates_as_in_process(
         exported, translator, tmp_path):
     texts = sources(12) + [""]
+    prefixes = [""] * 10 + ["zwei", "", "drei"]
     script = tmp_path / "consumer.py"
     script.write_text(_FRESH_CONSUMER)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    request = {"texts": texts, "prefixes": prefixes, **OPTIONS}
     result = run([sys.executable, str(script), str(exported.version_dir)], cwd=tmp_path,
-                 input=json.dumps(texts).encode(), env=env)
+                 input=json.dumps(request).encode(), env=env)
     served = json.loads(result.stdout.decode().strip().splitlines()[-1])
-    in_process = translator.translate(tf.constant(texts))
-    assert served["translations"] == [t.decode() for t in in_process["translations"].numpy()]
-    np.testing.assert_allclose(served["scores"], in_process["scores"].numpy(), rtol=1e-4,
-                               atol=1e-5)
-    assert served["translations"][-1] == ""
+    batch = {"inputs": tf.constant(texts), "target_prefix": tf.constant(prefixes)}
+    in_process = {
+        "serving_default": translator.translate(tf.constant(texts)),
+        "translate_with_options": translator.translate_with_options(
+            **batch, **{k: tf.constant(v) for k, v in OPTIONS["translate_with_options"].items()}),
+        "sample": translator.sample(**batch, **{
+            k: tf.constant(v, tf.int64 if k == "seed" else None)
+            for k, v in OPTIONS["sample"].items()})}
+    for name, expected in in_process.items():
+        translations = [[t.decode() for t in row] if isinstance(row, list) else row.decode()
+                        for row in expected["translations"].numpy().tolist()]
+        assert served[name]["translations"] == translations, name
+        np.testing.assert_allclose(served[name]["scores"], expected["scores"].numpy(),
+                                   rtol=1e-4, atol=1e-5)
+    assert served["serving_default"]["translations"][-1] == ""
 
 
 def test_export_cli_averages_into_the_next_version_that_appears_only_complete(exported,

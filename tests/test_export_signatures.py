@@ -18,6 +18,18 @@ BAD_TEXTS = [b"", b"   \t  ", b"\n", ("seventy " * 1250).encode(), b"x" * 10000,
              b"\xff\xfe\xfa invalid \xc3", "fünf – ✓ 漢字".encode()]
 
 
+def options_call(signature, texts, prefixes):
+    """Keyword inputs of the options signatures: the batch and sample settings."""
+    settings = {
+        "translate_with_options": dict(beam_size=tf.constant(3), alpha=tf.constant(0.6),
+                                       max_extra_length=tf.constant(50),
+                                       num_hypotheses=tf.constant(2)),
+        "sample": dict(num_hypotheses=tf.constant(2), max_extra_length=tf.constant(50),
+                       temperature=tf.constant(1.0), top_k=tf.constant(10),
+                       top_p=tf.constant(0.9), seed=tf.constant(7, tf.int64))}[signature]
+    return {"inputs": texts, "target_prefix": prefixes, **settings}
+
+
 def test_nbest_is_the_beam_sorted_and_its_first_is_the_translation(loaded):
     texts = tf.constant(sources(6))
     nbest = loaded.signatures["nbest"](inputs=texts)
@@ -136,6 +148,14 @@ def test_text_signatures_give_one_bounded_result_per_input_for_any_text(loaded, 
     assert np.all(scored["lengths"].numpy() <= MAX_LENGTH - 1)
     attention = loaded.signatures["attention"](inputs=inputs)
     _check_texts_outputs(attention, n)
+    # The bad texts as target prefixes too.
+    for signature in ("translate_with_options", "sample"):
+        out = loaded.signatures[signature](**options_call(signature, inputs,
+                                                          tf.reverse(inputs, [0])))
+        _check_texts_outputs(out, n)
+        assert out["translations"].shape == (n, 2)
+        assert all(len(sentencepiece.encode(t.decode())) <= 2 * (MAX_LENGTH - 1)
+                   for t in out["translations"].numpy().ravel())
     assert attention["source_pieces"].shape[1] <= MAX_LENGTH
     assert attention["output_pieces"].shape[1] <= MAX_LENGTH - 1
     if n:
@@ -175,14 +195,14 @@ def test_eight_threads_get_what_sequential_calls_get(loaded):
     calls = []
     for i in range(8):
         batch = tf.constant(texts[i:i + 2 + i % 3])
-        if i % 4 == 0:
-            calls.append(("serving_default", {"inputs": batch}))
-        elif i % 4 == 1:
-            calls.append(("nbest", {"inputs": batch}))
-        elif i % 4 == 2:
-            calls.append(("score", {"inputs": batch, "targets": tf.reverse(batch, [0])}))
+        name = ("translate_with_options", "sample", "serving_default", "nbest", "score",
+                "attention")[i % 6]
+        if name in ("translate_with_options", "sample"):
+            calls.append((name, options_call(name, batch, tf.reverse(batch, [0]))))
+        elif name == "score":
+            calls.append((name, {"inputs": batch, "targets": tf.reverse(batch, [0])}))
         else:
-            calls.append(("attention", {"inputs": batch}))
+            calls.append((name, {"inputs": batch}))
     sequential = [loaded.signatures[name](**kwargs) for name, kwargs in calls]
     concurrent = [None] * len(calls)
     start = threading.Barrier(len(calls))

@@ -32,6 +32,9 @@ flags.DEFINE_enum("export_weights", None, ("last", "average", "ema"), "Which wei
 flags.DEFINE_integer("beam_size", 4, "SavedModel: beam size of every signature (and k of "
                      "nbest). CTranslate2 takes it per request.")
 flags.DEFINE_float("alpha", 0.6, "SavedModel: length penalty exponent.")
+flags.DEFINE_integer("max_beam_size", 8, "SavedModel: the largest beam_size (and number of "
+                     "samples) a client may ask of the translate_with_options and sample "
+                     "signatures.")
 flags.DEFINE_enum("precision", "float32", ("float32", "bfloat16"), "SavedModel: what the "
                   "graph computes in; bfloat16 (bfloat16 weights and matmuls, float32 "
                   "softmaxes and scores) is faster on CPUs with AVX-512 BF16 or AMX.")
@@ -43,8 +46,9 @@ def main(argv):
     del argv
     if not FLAGS.model_dir:
         cli.fail("--model_dir is required")
-    if FLAGS.beam_size < 1 or FLAGS.average_last < 0:
-        cli.fail("--beam_size must be at least 1 and --average_last at least 0")
+    if FLAGS.beam_size < 1 or FLAGS.max_beam_size < 1 or FLAGS.average_last < 0:
+        cli.fail("--beam_size and --max_beam_size must be at least 1 and --average_last "
+                 "at least 0")
     name = os.path.basename(os.path.normpath(FLAGS.model_dir))
     if FLAGS.format == "ctranslate2":
         try:
@@ -70,7 +74,8 @@ def main(argv):
     from trainer.serving import saved_model
     try:
         path = saved_model.export(FLAGS.model_dir, export_dir, FLAGS.beam_size, FLAGS.alpha,
-                                  FLAGS.average_last, FLAGS.precision, FLAGS.export_weights)
+                                  FLAGS.average_last, FLAGS.precision, FLAGS.export_weights,
+                                  FLAGS.max_beam_size)
     except (FileNotFoundError, ValueError) as e:
         cli.fail(str(e))
     print(f"exported SavedModel to {path}")

@@ -20,6 +20,14 @@ Signatures (inputs -> outputs; trainer/serving/signatures.py has the details):
                    lengths int32 [batch], scores float32 [batch]
   nbest            inputs tf.string [batch] -> translations tf.string [batch, beam],
                    scores float32 [batch, beam], log_probs float32 [batch, beam]
+  translate_with_options
+                   inputs, target_prefix tf.string [batch], beam_size int32 [],
+                   alpha float32 [], max_extra_length int32 [], num_hypotheses int32 []
+                   -> translations tf.string [batch, num_hypotheses], scores, log_probs
+                   float32 [batch, num_hypotheses]
+  sample           inputs, target_prefix tf.string [batch], num_hypotheses int32 [],
+                   max_extra_length int32 [], temperature float32 [], top_k int32 [],
+                   top_p float32 [], seed int64 [] -> as translate_with_options
   score            inputs, targets tf.string [batch] -> log_probs, scores float32 [batch],
                    lengths int32 [batch]
   attention        inputs tf.string [batch] -> translations, source_pieces, output_pieces,
@@ -77,7 +85,8 @@ def load(saved_model: str):
 
 def build_translator(model_dir: str, beam_size: int = 4, alpha: float = 0.6,
                      average_last: int = 0, precision: str = "float32",
-                     weights: Optional[str] = None) -> Tuple[Translator, List[str]]:
+                     weights: Optional[str] = None,
+                     max_beam_size: int = 8) -> Tuple[Translator, List[str]]:
     """(Translator of the model of model_dir, checkpoint prefixes it comes from): the
     latest checkpoint's weights, the mean of the last `average_last` checkpoints or the
     moving average (`checkpoint_averaging.final_model`'s `weights`).
@@ -97,15 +106,18 @@ def build_translator(model_dir: str, beam_size: int = 4, alpha: float = 0.6,
         model.build()
         model.set_weights(float32_model.get_weights())
     tokenizers = tokenizer_lib.load_or_train(model_dir, None)
-    return Translator(model, tokenizers, beam_size=beam_size, alpha=alpha), paths
+    return Translator(model, tokenizers, beam_size=beam_size, alpha=alpha,
+                      max_beam_size=max_beam_size), paths
 
 
 def export(model_dir: str, export_dir: str, beam_size: int = 4, alpha: float = 0.6,
            average_last: int = 0, precision: str = "float32",
-           weights: Optional[str] = None) -> str:
-    """Exports model_dir's model as the next version in export_dir; returns its path."""
+           weights: Optional[str] = None, max_beam_size: int = 8) -> str:
+    """Exports model_dir's model as the next version in export_dir; returns its path.
+    beam_size and alpha are serving_default's (and the other fixed signatures');
+    max_beam_size bounds what translate_with_options and sample accept."""
     translator, checkpoints = build_translator(model_dir, beam_size, alpha, average_last,
-                                               precision, weights)
+                                               precision, weights, max_beam_size)
     # The vocabulary travels as an asset (assets/<name>) for clients that tokenize
     # themselves (translate_ids); the graph carries its own copy inside the tf-text op.
     for role, tok in (("source", translator.source_tokenizer),
@@ -115,7 +127,8 @@ def export(model_dir: str, export_dir: str, beam_size: int = 4, alpha: float = 0
                                 ).get_concrete_function() for name in SIGNATURES}
     info = {"model_dir": os.path.abspath(model_dir), "checkpoints": checkpoints,
             "weights": weights or ("average" if average_last else "last"),
-            "beam_size": beam_size, "alpha": alpha, "precision": precision,
+            "beam_size": beam_size, "alpha": alpha, "max_beam_size": max_beam_size,
+            "precision": precision,
             "model": translator.model.config.to_dict(),
             "signatures": list(signatures)}
 

@@ -7,19 +7,26 @@ are the SavedModel's signatures (trainer/serving/saved_model.py):
   translate      tf.string [batch] -> translations tf.string [batch], scores float32 [batch]
   translate_ids  int32 [batch, src_len] -> ids int32 [batch, width], lengths, scores
   nbest          tf.string [batch] -> translations tf.string [batch, beam], scores, log_probs
+  translate_with_options
+                 inputs, target_prefix tf.string [batch]; beam_size, alpha, max_extra_length,
+                 num_hypotheses scalars -> translations tf.string [batch, num_hypotheses],
+                 scores, log_probs
+  sample         inputs, target_prefix tf.string [batch]; num_hypotheses, max_extra_length,
+                 temperature, top_k, top_p, seed scalars -> as translate_with_options
   score          (tf.string [batch], tf.string [batch]) -> log_probs, scores, lengths
   attention      tf.string [batch] -> pieces and attention weights (paper section 3.2, 4)
 
 Every one of them gives one result per input whatever the input (only `score` rejects a
-call whose inputs and targets differ in number): empty or whitespace-only text translates
-to "", text longer than the model's positions is truncated, invalid UTF-8 is replaced by
-U+FFFD, and outputs have at most config.max_length - 1 tokens.
+call whose inputs and targets differ in number, and the options signatures options out of
+their range): empty or whitespace-only text translates to "", text longer than the model's
+positions is truncated, invalid UTF-8 is replaced by U+FFFD, and outputs have at most
+config.max_length - 1 tokens.
 """
 
 import tensorflow as tf
 
-from keras_transformer import (Transformer, beam_search, length_penalty, sequence_log_probs,
-                               shift_right)
+from keras_transformer import (Transformer, beam_search, length_penalty, sample_search,
+                               sequence_log_probs, shift_right)
 from keras_transformer.special_ids import EOS_ID, PAD_ID, UNK_ID
 from trainer.data.tokenizer import Tokenizers
 
@@ -33,18 +40,21 @@ class Translator(tf.Module):
       model: the Transformer.
       tokenizers: its source and target tokenizers.
       beam_size, alpha: beam search settings (section 6.1: 4 and 0.6).
+      max_beam_size: the largest beam (and number of samples) a client may ask of
+        translate_with_options and sample; it bounds their work and output.
       use_cache: incremental decoding with the key/value cache (False recomputes the
         whole prefix every step; for benchmarks).
     """
 
     def __init__(self, model: Transformer, tokenizers: Tokenizers, beam_size: int = 4,
-                 alpha: float = 0.6, use_cache: bool = True):
+                 alpha: float = 0.6, max_beam_size: int = 8, use_cache: bool = True):
         super().__init__(name="translator")
         self.model = model
         self.source_tokenizer = tokenizers.source
         self.target_tokenizer = tokenizers.target
         self.beam_size = beam_size
         self.alpha = alpha
+        self.max_beam_size = max_beam_size
         self.use_cache = use_cache
 
     def source_ids(self, inputs):
@@ -62,11 +72,22 @@ class Translator(tf.Module):
         """tf.string [batch] -> int32 [batch, tgt_len]: pieces + EOS, 0-padded, truncated to
         the longest output the model can produce (config.max_length - 1: BOS takes a
         position); the empty string is the output [EOS]."""
-        pieces = self.target_tokenizer.tokenize(_valid_utf8(targets))
-        pieces = pieces[:, :self.model.config.max_length - 2]
+        pieces = self._target_pieces(targets)
         eos = tf.fill(tf.stack([pieces.nrows(), 1]), EOS_ID)
         ids = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1)
         return tf.cast(ids.to_tensor(default_value=PAD_ID), tf.int32)
+
+    def prefix_ids(self, target_prefix):
+        """tf.string [batch] -> int32 [batch, prefix_len]: the pieces an output must start
+        with, 0-padded (no EOS: the output goes on); "" is no prefix."""
+        return tf.cast(self._target_pieces(target_prefix).to_tensor(default_value=PAD_ID),
+                       tf.int32)
+
+    def _target_pieces(self, texts):
+        """Target-side pieces of tf.string [batch], ragged, at most config.max_length - 2
+        (room for BOS and EOS)."""
+        pieces = self.target_tokenizer.tokenize(_valid_utf8(texts))
+        return pieces[:, :self.model.config.max_length - 2]
 
     def _search(self, source_ids, num_hypotheses=1):
         """Beam search whose first num_hypotheses outputs are exact (1: the signatures
@@ -121,14 +142,108 @@ class Translator(tf.Module):
         """
         source_ids = self.source_ids(inputs)
         result = self._search(source_ids, num_hypotheses=self.beam_size)
-        batch, width = tf.shape(result.ids)[0], tf.shape(result.ids)[2]
-        flat_ids = tf.reshape(result.ids, tf.stack([batch * self.beam_size, width]))
+        return self._hypotheses(source_ids, result, self.beam_size)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
+                                  tf.TensorSpec([None], tf.string),
+                                  tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32),
+                                  tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)])
+    def translate_with_options(self, inputs, target_prefix, beam_size, alpha,
+                               max_extra_length, num_hypotheses):
+        """Beam search with the client's settings, from one trace: `translate` (beam_size
+        4, alpha 0.6, max_extra_length 50, num_hypotheses 1) or `nbest` per request,
+        greedy search (beam_size 1, alpha 0), and a forced start of the output.
+
+        Inputs:
+          inputs: tf.string [batch].
+          target_prefix: tf.string [batch], the start each translation must have (the
+            words a translator has typed), "" for none. Its pieces are forced, scored by
+            the model (their log-probabilities count in log_probs) and the search goes on
+            from them; a prefix longer than the output may be is cut.
+          beam_size: int32 scalar, 1 to max_beam_size.
+          alpha: float32 scalar, the length penalty exponent, >= 0 (0: none).
+          max_extra_length: int32 scalar >= 0: outputs have at most (source pieces + 1 +
+            max_extra_length) tokens with EOS (section 6.1: 50), and at most
+            config.max_length - 1.
+          num_hypotheses: int32 scalar, 1 to beam_size: the exact best hypotheses returned.
+        Returns {"translations": tf.string [batch, num_hypotheses], best first; "scores",
+          "log_probs": float32 [batch, num_hypotheses], as `nbest`}. An option out of its
+          range fails the call with InvalidArgument naming it and the range; an empty
+          input gives empty translations scoring 0.
+        """
+        checks = [
+            _check_range("beam_size", beam_size, 1, self.max_beam_size),
+            _check_range("num_hypotheses", num_hypotheses, 1, beam_size, "beam_size"),
+            _check_range("max_extra_length", max_extra_length, 0),
+            _check_range("alpha", alpha, 0.0),
+            _check_same_batch(inputs, target_prefix)]
+        # Nothing reads an option before the checks pass.
+        with tf.control_dependencies(checks):
+            beam_size, alpha, max_extra_length, num_hypotheses, inputs, target_prefix = map(
+                tf.identity, (beam_size, alpha, max_extra_length, num_hypotheses, inputs,
+                              target_prefix))
+        source_ids = self.source_ids(inputs)
+        result = beam_search(self.model, source_ids, beam_size=beam_size, alpha=alpha,
+                             extra_length=max_extra_length, use_cache=self.use_cache,
+                             num_hypotheses=num_hypotheses,
+                             target_prefix=self.prefix_ids(target_prefix))
+        return self._hypotheses(source_ids, result, num_hypotheses)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
+                                  tf.TensorSpec([None], tf.string),
+                                  tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
+                                  tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32),
+                                  tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int64)])
+    def sample(self, inputs, target_prefix, num_hypotheses, max_extra_length, temperature,
+               top_k, top_p, seed):
+        """Random translations (back-translation, diverse outputs): each token drawn from
+        the model's distribution (keras_transformer.sample_search).
+
+        Inputs:
+          inputs, target_prefix, max_extra_length: as `translate_with_options`.
+          num_hypotheses: int32 scalar, samples per input, 1 to max_beam_size.
+          temperature: float32 scalar >= 0; 0 takes the most probable token (greedy).
+          top_k: int32 scalar >= 0, sample among the k most probable tokens; 0: all.
+          top_p: float32 scalar in (0, 1], sample within the smallest set of most probable
+            tokens whose probability reaches top_p (nucleus sampling); 1: all.
+          seed: int64 scalar. The same seed and inputs give the same samples, in any
+            process; another seed gives others.
+        Returns {"translations": tf.string [batch, num_hypotheses], each input's samples
+          sorted by score; "scores", "log_probs": float32 [batch, num_hypotheses], the
+          model's log P(translation | input) (at temperature 1) and that divided by the
+          export's length penalty}. Errors and empty inputs as `translate_with_options`.
+        """
+        checks = [
+            _check_range("num_hypotheses", num_hypotheses, 1, self.max_beam_size),
+            _check_range("max_extra_length", max_extra_length, 0),
+            _check_range("temperature", temperature, 0.0),
+            _check_range("top_k", top_k, 0),
+            _check_range("top_p", top_p, 0.0, 1.0, low_included=False),
+            _check_same_batch(inputs, target_prefix)]
+        with tf.control_dependencies(checks):
+            (num_hypotheses, max_extra_length, temperature, top_k, top_p, inputs,
+             target_prefix) = map(tf.identity, (num_hypotheses, max_extra_length, temperature,
+                                                top_k, top_p, inputs, target_prefix))
+        source_ids = self.source_ids(inputs)
+        result = sample_search(self.model, source_ids, seed, num_samples=num_hypotheses,
+                               temperature=temperature, top_k=top_k, top_p=top_p,
+                               alpha=self.alpha, extra_length=max_extra_length,
+                               use_cache=self.use_cache,
+                               target_prefix=self.prefix_ids(target_prefix))
+        return self._hypotheses(source_ids, result, num_hypotheses)
+
+    def _hypotheses(self, source_ids, result, k):
+        """The first k hypotheses of a DecodeResult as texts: {"translations": tf.string
+        [batch, k], "scores", "log_probs": float32 [batch, k]}, "" and 0 for empty inputs."""
+        ids = result.ids[:, :k]
+        batch, width = tf.shape(ids)[0], tf.shape(ids)[2]
+        flat_ids = tf.reshape(ids, tf.stack([batch * k, width]))
         translations = tf.reshape(self.target_tokenizer.detokenize(flat_ids),
-                                  tf.stack([batch, self.beam_size]))
+                                  tf.stack([batch, k]))
         has_input = tf.reduce_any(source_ids != PAD_ID, axis=1)[:, None]  # [batch, 1]
         return {"translations": tf.where(has_input, translations, ""),
-                "scores": tf.where(has_input, result.scores, 0.0),
-                "log_probs": tf.where(has_input, result.log_probs, 0.0)}
+                "scores": tf.where(has_input, result.scores[:, :k], 0.0),
+                "log_probs": tf.where(has_input, result.log_probs[:, :k], 0.0)}
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
                                   tf.TensorSpec([None], tf.string)])
@@ -194,6 +309,29 @@ class Translator(tf.Module):
                 "output_lengths": output_lengths,
                 "encoder_self_attention": tf.stack(encoder_weights, axis=1),
                 "encoder_decoder_attention": tf.stack(cross_weights, axis=1)}
+
+
+def _check_range(name, value, low, high=None, high_name=None, low_included=True):
+    """An assertion that the scalar option `value` is finite and lies in [low, high]
+    ((low, high] when not low_included; no upper bound when high is None). Its
+    InvalidArgument message names the option, the range and the value."""
+    within = value >= low if low_included else value > low
+    if high is not None:
+        within &= value <= high
+    if value.dtype.is_floating:
+        within &= tf.math.is_finite(value)
+    opening = "[" if low_included else "("
+    closing = (f"{high_name}=" if high_name else "") + "{}]" if high is not None else "inf)"
+    message = tf.strings.format(f"{name} must be in {opening}{low}, {closing}, got {{}}",
+                                [high, value] if high is not None else [value])
+    return tf.debugging.Assert(within, [message])
+
+
+def _check_same_batch(inputs, target_prefix):
+    """An assertion that there is one target prefix per input."""
+    return tf.debugging.assert_equal(
+        tf.shape(inputs), tf.shape(target_prefix),
+        message="target_prefix must have one entry per input (\"\" for none)")
 
 
 def _valid_utf8(strings):

@@ -6,7 +6,8 @@ from typing import Sequence
 
 import tensorflow as tf
 
-SIGNATURES = ("serving_default", "translate_ids", "nbest", "score", "attention")
+SIGNATURES = ("serving_default", "translate_ids", "nbest", "score", "attention",
+              "translate_with_options", "sample")
 FILE = "tf_serving_warmup_requests"
 # Short, empty and repeated text, so every signature runs once before the first request.
 TEXTS = ("A man is riding a bicycle.", "", "twenty one")
@@ -25,6 +26,16 @@ def requests(model_name: str, texts: Sequence[str] = TEXTS):
         "nbest": {"inputs": texts},
         "score": {"inputs": texts, "targets": list(reversed(texts))},
         "attention": {"inputs": texts},
+        # A prefix on one input; two hypotheses, so the search runs as nbest does.
+        "translate_with_options": {
+            "inputs": texts, "target_prefix": [b"", b"", b"twenty"],
+            "beam_size": tf.constant(4), "alpha": tf.constant(0.6),
+            "max_extra_length": tf.constant(50), "num_hypotheses": tf.constant(2)},
+        "sample": {
+            "inputs": texts, "target_prefix": [b"", b"", b"twenty"],
+            "num_hypotheses": tf.constant(2), "max_extra_length": tf.constant(50),
+            "temperature": tf.constant(1.0), "top_k": tf.constant(0),
+            "top_p": tf.constant(0.9), "seed": tf.constant(0, tf.int64)},
     }
     out = []
     for signature in SIGNATURES:

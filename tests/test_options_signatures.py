@@ -1,0 +1,155 @@
+"""The decoding options a serving client sends, on the loaded SavedModel:
+`translate_with_options` (beam size, length penalty, maximum length, n-best, target
+prefix) and `sample` (temperature, top-k, top-p, seed)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import sources
+
+# Each test uses the model the session's `python -m trainer.task` trained and exported.
+pytestmark = pytest.mark.slow
+
+MAX_LENGTH = 128  # the tiny preset's positions: outputs have at most 127 tokens
+
+
+def with_options(loaded, texts, prefixes=None, beam_size=4, alpha=0.6, max_extra_length=50,
+                 num_hypotheses=1):
+    prefixes = [""] * len(texts) if prefixes is None else prefixes
+    return loaded.signatures["translate_with_options"](
+        inputs=tf.constant(texts, tf.string), target_prefix=tf.constant(prefixes, tf.string),
+        beam_size=tf.constant(beam_size), alpha=tf.constant(alpha, tf.float32),
+        max_extra_length=tf.constant(max_extra_length),
+        num_hypotheses=tf.constant(num_hypotheses))
+
+
+def sample(loaded, texts, prefixes=None, num_hypotheses=1, max_extra_length=50,
+           temperature=1.0, top_k=0, top_p=1.0, seed=0):
+    prefixes = [""] * len(texts) if prefixes is None else prefixes
+    return loaded.signatures["sample"](
+        inputs=tf.constant(texts, tf.string), target_prefix=tf.constant(prefixes, tf.string),
+        num_hypotheses=tf.constant(num_hypotheses),
+        max_extra_length=tf.constant(max_extra_length),
+        temperature=tf.constant(temperature, tf.float32), top_k=tf.constant(top_k),
+        top_p=tf.constant(top_p, tf.float32), seed=tf.constant(seed, tf.int64))
+
+
+def test_the_default_options_give_serving_default_and_nbest(loaded):
+    texts = sources(6) + [""]
+    best = loaded.signatures["serving_default"](inputs=tf.constant(texts))
+    got = with_options(loaded, texts)
+    assert got["translations"].shape == (7, 1)
+    np.testing.assert_array_equal(got["translations"][:, 0], best["translations"])
+    np.testing.assert_allclose(got["scores"][:, 0], best["scores"], rtol=1e-5)
+    nbest = loaded.signatures["nbest"](inputs=tf.constant(texts))
+    got = with_options(loaded, texts, num_hypotheses=4)
+    for key in ("translations", "scores", "log_probs"):
+        assert got[key].shape == (7, 4)
+    np.testing.assert_array_equal(got["translations"], nbest["translations"])
+    np.testing.assert_allclose(got["log_probs"], nbest["log_probs"], rtol=1e-5, atol=1e-5)
+
+
+def test_each_option_changes_what_it_should(loaded, translator):
+    from keras_transformer import greedy_search
+    texts = sources(8)
+    greedy = greedy_search(translator.model, translator.source_ids(tf.constant(texts)),
+                           alpha=0.0)
+    beam_1 = with_options(loaded, texts, beam_size=1, alpha=0.0)
+    np.testing.assert_allclose(beam_1["log_probs"][:, 0], greedy.log_probs[:, 0], atol=1e-4)
+    expected = translator.target_tokenizer.detokenize(greedy.ids[:, 0]).numpy()
+    np.testing.assert_array_equal(beam_1["translations"][:, 0], expected)
+    # A larger beam: as many hypotheses as asked, sorted, never a worse best.
+    beam_8 = with_options(loaded, texts, beam_size=8, num_hypotheses=8)
+    assert beam_8["translations"].shape == (8, 8)
+    scores = beam_8["scores"].numpy()
+    assert np.all(scores[:, :-1] >= scores[:, 1:])
+    # Scores differ with alpha; log-probs of the same translations do not.
+    plain = with_options(loaded, texts, alpha=0.0)
+    np.testing.assert_allclose(plain["scores"], plain["log_probs"], rtol=1e-6)
+    # max_extra_length 0: no output longer than its source (pieces + EOS).
+    short = with_options(loaded, ["seventy seven thousand three hundred"], max_extra_length=0,
+                         beam_size=2)
+    pieces = translator.source_ids(tf.constant(["seventy seven thousand three hundred"]))
+    length = translator.target_ids(short["translations"][:, 0]).shape[1]
+    assert length <= int(tf.math.count_nonzero(pieces))
+
+
+@pytest.mark.parametrize("signature,option,value,message", [
+    ("translate_with_options", "beam_size", 0, r"beam_size must be in \[1, 8\], got 0"),
+    ("translate_with_options", "beam_size", 9, r"beam_size must be in \[1, 8\], got 9"),
+    ("translate_with_options", "num_hypotheses", 5,
+     r"num_hypotheses must be in \[1, beam_size=4\], got 5"),
+    ("translate_with_options", "alpha", float("nan"), r"alpha must be in \[0.0, inf\)"),
+    ("translate_with_options", "max_extra_length", -1, r"max_extra_length must be in \[0"),
+    ("sample", "num_hypotheses", 100, r"num_hypotheses must be in \[1, 8\], got 100"),
+    ("sample", "temperature", -1.0, r"temperature must be in \[0.0, inf\), got -1"),
+    ("sample", "top_k", -3, r"top_k must be in \[0, inf\), got -3"),
+    ("sample", "top_p", 0.0, r"top_p must be in \(0.0, 1\], got 0"),
+    ("sample", "top_p", 1.5, r"top_p must be in \(0.0, 1\], got 1.5"),
+])
+def test_an_option_out_of_range_is_an_invalid_argument_naming_it(loaded, signature, option,
+                                                                 value, message):
+    call = with_options if signature == "translate_with_options" else sample
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        call(loaded, ["seven"], **{option: value})
+
+
+def test_a_prefix_for_each_input_or_an_invalid_argument(loaded):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one entry per input"):
+        with_options(loaded, ["seven", "eight"], prefixes=[""])
+
+
+def test_a_prefix_starts_the_translation_and_its_log_prob_counts(loaded, translator,
+                                                                 sentencepiece):
+    texts = sources(6)
+    free = with_options(loaded, texts)["translations"][:, 0].numpy()
+    # Another input's translation as a prefix: not what the model would choose.
+    prefixes = [""] + [t.decode().split(" ")[0] + " " + t.decode().split(" ")[-1]
+                       for t in free[::-1][:5]]
+    got = with_options(loaded, texts, prefixes=prefixes, num_hypotheses=2)
+    for prefix, row in zip(prefixes, got["translations"].numpy()):
+        for translation in row:
+            pieces = sentencepiece.encode(translation.decode())
+            assert pieces[:len(sentencepiece.encode(prefix))] == sentencepiece.encode(prefix)
+    assert got["translations"][0, 0] == free[0]  # "" is no prefix
+    # log_probs include the forced pieces: the teacher-forced score of the whole output.
+    best = [t.decode() for t in got["translations"][:, 0].numpy()]
+    scored = loaded.signatures["score"](inputs=tf.constant(texts), targets=tf.constant(best))
+    round_trip = [sentencepiece.decode(sentencepiece.encode(t)) == t for t in best]
+    np.testing.assert_allclose(scored["log_probs"].numpy()[round_trip],
+                               got["log_probs"][:, 0].numpy()[round_trip], rtol=1e-4,
+                               atol=1e-4)
+    # A prefix longer than the output may be is cut where only EOS fits, not an error:
+    # outputs have at most (source pieces + EOS + max_extra_length) tokens with EOS.
+    for extra in (50, 500):
+        long = with_options(loaded, ["seven"], prefixes=["neun " * 400],
+                            max_extra_length=extra)
+        pieces = sentencepiece.encode(long["translations"][0, 0].numpy().decode())
+        source = int(tf.math.count_nonzero(translator.source_ids(tf.constant(["seven"]))))
+        assert len(pieces) == min(source + extra, MAX_LENGTH - 1) - 1
+        assert pieces == sentencepiece.encode("neun " * 400)[:len(pieces)]
+
+
+def test_top_k_1_samples_the_greedy_translation(loaded):
+    texts = sources(6)
+    greedy = with_options(loaded, texts, beam_size=1, alpha=0.0)
+    for seed in (0, 1):
+        sampled = sample(loaded, texts, num_hypotheses=2, top_k=1, seed=seed,
+                         temperature=2.0)
+        for k in range(2):
+            np.testing.assert_array_equal(sampled["translations"][:, k],
+                                          greedy["translations"][:, 0])
+
+
+def test_a_seed_gives_the_same_samples_and_another_seed_others(loaded):
+    texts = sources(8)
+    first, again, other = (sample(loaded, texts, num_hypotheses=3, temperature=1.5, seed=s)
+                           for s in (5, 5, 6))
+    np.testing.assert_array_equal(first["translations"], again["translations"])
+    np.testing.assert_array_equal(first["log_probs"], again["log_probs"])
+    assert not np.array_equal(first["translations"], other["translations"])
+    scores = first["scores"].numpy()
+    assert np.all(scores[:, :-1] >= scores[:, 1:])
+    # Samples of one input differ, and are not all the beam's best.
+    assert len(set(first["translations"].numpy().ravel())) > len(texts)
