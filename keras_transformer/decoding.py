@@ -119,14 +119,15 @@ def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k
     restricted to the top_k most probable tokens and to the nucleus of top_p
     probability (Holtzman et al., 2020), until EOS; num_samples outputs per sentence.
 
-    The draws are stateless (tf.random.stateless_categorical, seeded by `seed` and the
-    step), so the same seed, inputs and batch give the same samples in any process or
-    thread, and another seed other samples.
+    The draws are stateless (tf.random.stateless_categorical, seeded by the sentence's
+    seed, the sample's index and the step), so a sentence's seed gives the same samples
+    in any process, thread or batch, and another seed other samples.
 
     Args:
       model: a Transformer.
       source_ids: int [batch, src_len], 0-padded.
-      seed: int scalar.
+      seed: int [batch], a seed per sentence; or an int scalar s, which seeds sentence b
+        with s + b (its samples then depend on its place in the batch).
       num_samples: outputs per sentence.
       temperature: the logits are divided by it before the top-k/top-p restriction; 0
         (or less) takes the most probable token, i.e. greedy search.
@@ -142,7 +143,13 @@ def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k
     batch = tf.shape(source_ids)[0]
     if target_prefix is not None:
         target_prefix = tf.repeat(tf.cast(target_prefix, tf.int32), num_samples, axis=0)
-    sample = _sampler(seed, temperature, top_k, top_p)
+    seed = tf.cast(seed, tf.int64)
+    if seed.shape.rank == 0:
+        seed += tf.range(tf.cast(batch, tf.int64))
+    # Row r = b * num_samples + k draws sample k of sentence b.
+    sample = _sampler(tf.repeat(seed, num_samples),
+                      tf.tile(tf.range(tf.cast(num_samples, tf.int64)), [batch]),
+                      temperature, top_k, top_p)
     # A sentence's samples in adjacent rows, decoded as a batch of batch * num_samples.
     result = _single_path_search(model, tf.repeat(source_ids, num_samples, axis=0), sample,
                                  alpha, extra_length, use_cache, target_prefix)
@@ -201,15 +208,21 @@ def _most_probable(log_probs, step):
     return tf.argmax(log_probs, axis=-1, output_type=tf.int32)
 
 
-def _sampler(seed, temperature, top_k, top_p):
-    """sample_search's choice: (log_probs [batch, vocab], step) -> int32 [batch]."""
-    seed = tf.cast(seed, tf.int64)
+def _sampler(seeds, sample_index, temperature, top_k, top_p):
+    """sample_search's choice: (log_probs [rows, vocab], step) -> int32 [rows], row r
+    drawn with the stateless seed (seeds[r], sample_index[r] * 2^16 + step)."""
     temperature = tf.cast(temperature, tf.float32)
+
+    def draw(args):
+        logits, seed = args
+        return tf.random.stateless_categorical(logits[None], 1, seed, dtype=tf.int32)[0, 0]
 
     def sample(log_probs, step):
         logits = _nucleus(log_probs / tf.maximum(temperature, 1e-6), top_k, top_p)
-        drawn = tf.random.stateless_categorical(
-            logits, 1, tf.stack([seed, tf.cast(step, tf.int64)]), dtype=tf.int32)[:, 0]
+        row_seeds = tf.stack([seeds, sample_index * 2**16 + tf.cast(step, tf.int64)], axis=1)
+        # One seed per row (vectorized, not a loop): a row's draws do not depend on the
+        # other rows.
+        drawn = tf.vectorized_map(draw, (logits, row_seeds), fallback_to_while_loop=False)
         return tf.where(temperature > 0, drawn, _most_probable(log_probs, step))
 
     return sample

@@ -2,6 +2,7 @@
 subprocesses; the tokenized BLEU against the official Multi30k files."""
 
 import re
+import subprocess
 import sys
 
 import pytest
@@ -86,3 +87,35 @@ def test_tokenized_bleu_tokenizes_output_exactly_as_the_official_multi30k_files(
     assert results["tok_bleu"][0].score == pytest.approx(100.0)
     assert results["bleu"][0].score == pytest.approx(100.0)
     assert corpus_scores(hypotheses, [r.upper() for r in hypotheses])["bleu"][0].score < 10
+
+
+def test_translate_cli_options_go_through_the_options_signatures(exported, loaded, tmp_path):
+    texts = sources(4) + [""]
+    prefixes = ["zwei", "", "", "drei", ""]
+    (tmp_path / "prefixes.txt").write_text("\n".join(prefixes) + "\n")
+    stdin = "\n".join(texts).encode() + b"\n"
+    command = [sys.executable, "-m", "trainer.translate", f"--saved_model={exported.export_dir}"]
+    beam = run(command + ["--beam_size=3", "--alpha=1.0", "--num_hypotheses=2",
+                          f"--prefix_file={tmp_path / 'prefixes.txt'}"], cwd=tmp_path,
+               input=stdin)
+    sampled = run(command + ["--temperature=1.5", "--sample_topk=20", "--sample_topp=0.9",
+                             "--seed=42", "--num_hypotheses=3"], cwd=tmp_path, input=stdin)
+    inputs = {"inputs": tf.constant(texts), "target_prefix": tf.constant(prefixes)}
+    expected_beam = loaded.signatures["translate_with_options"](
+        **inputs, beam_size=tf.constant(3), alpha=tf.constant(1.0),
+        max_extra_length=tf.constant(50), num_hypotheses=tf.constant(2))
+    # The CLI batches by length: each input's samples are the same in any batch.
+    expected_samples = loaded.signatures["sample"](
+        inputs=inputs["inputs"], target_prefix=tf.constant([""] * len(texts)),
+        num_hypotheses=tf.constant(3), max_extra_length=tf.constant(50),
+        temperature=tf.constant(1.5), top_k=tf.constant(20), top_p=tf.constant(0.9),
+        seed=tf.constant(42, tf.int64))
+    # k lines per input line, best first.
+    for result, expected in ((beam, expected_beam), (sampled, expected_samples)):
+        lines = result.stdout.decode("utf-8").split("\n")[:-1]
+        assert lines == [t.decode() for t in expected["translations"].numpy().ravel()]
+    bad = subprocess.run(command + ["--beam_size=9"], cwd=tmp_path, input=stdin,
+                         capture_output=True)
+    assert bad.returncode == 2 and bad.stdout == b""
+    assert bad.stderr.decode().strip().splitlines()[-1] == \
+        "trainer.translate: error: beam_size must be in [1, 8], got 9"

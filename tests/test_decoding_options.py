@@ -170,3 +170,16 @@ def test_sampled_log_probs_are_the_models_at_temperature_1(copy_model, sources):
         result.log_probs, sequence_log_probs(
             copy_model, np.repeat(sources, 2, 0),
             result.ids.reshape(-1, result.ids.shape[-1])).numpy().reshape(-1, 2), atol=1e-4)
+
+
+def test_a_sentences_samples_depend_on_its_seed_not_on_the_rest_of_the_batch(copy_model):
+    batch = copy_batch(np.random.default_rng(8), batch=6)
+    seeds = np.arange(100, 106)
+    function = tf.function(lambda ids, seeds: sample_search(copy_model, ids, seeds,
+                                                            num_samples=2, temperature=3.0),
+                           input_signature=ANY_IDS + [tf.TensorSpec([None], tf.int64)])
+    whole = function(batch, seeds)
+    order = [4, 1, 5]
+    part = function(batch[order], seeds[order])
+    np.testing.assert_array_equal(part.ids, whole.ids.numpy()[order])
+    assert function(batch[:0], seeds[:0]).ids.shape[:2] == (0, 2)

@@ -153,3 +153,6 @@ def test_a_seed_gives_the_same_samples_and_another_seed_others(loaded):
     assert np.all(scores[:, :-1] >= scores[:, 1:])
     # Samples of one input differ, and are not all the beam's best.
     assert len(set(first["translations"].numpy().ravel())) > len(texts)
+    # An input's samples do not depend on the others in its batch (server-side batching).
+    part = sample(loaded, texts[5:1:-1], num_hypotheses=3, temperature=1.5, seed=5)
+    np.testing.assert_array_equal(part["translations"], first["translations"][5:1:-1])

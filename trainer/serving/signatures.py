@@ -206,8 +206,9 @@ class Translator(tf.Module):
           top_k: int32 scalar >= 0, sample among the k most probable tokens; 0: all.
           top_p: float32 scalar in (0, 1], sample within the smallest set of most probable
             tokens whose probability reaches top_p (nucleus sampling); 1: all.
-          seed: int64 scalar. The same seed and inputs give the same samples, in any
-            process; another seed gives others.
+          seed: int64 scalar. The same seed, input and prefix give the same samples in
+            any process, thread or batch (each input is seeded by a hash of the three);
+            another seed gives others.
         Returns {"translations": tf.string [batch, num_hypotheses], each input's samples
           sorted by score; "scores", "log_probs": float32 [batch, num_hypotheses], the
           model's log P(translation | input) (at temperature 1) and that divided by the
@@ -225,7 +226,11 @@ class Translator(tf.Module):
              target_prefix) = map(tf.identity, (num_hypotheses, max_extra_length, temperature,
                                                 top_k, top_p, inputs, target_prefix))
         source_ids = self.source_ids(inputs)
-        result = sample_search(self.model, source_ids, seed, num_samples=num_hypotheses,
+        # A seed per input, so that server-side batching does not change its samples.
+        seeds = tf.strings.to_hash_bucket_fast(
+            tf.strings.join([tf.strings.as_string(seed), inputs, target_prefix], "\x00"),
+            2**62)
+        result = sample_search(self.model, source_ids, seeds, num_samples=num_hypotheses,
                                temperature=temperature, top_k=top_k, top_p=top_p,
                                alpha=self.alpha, extra_length=max_extra_length,
                                use_cache=self.use_cache,
