@@ -1,8 +1,11 @@
 """The SavedModel export: TF Serving layout, signatures, graph ops, warmup file, and a
 consumer that has only tensorflow and tensorflow_text."""
 
+import ast
 import json
 import os
+import re
+import shlex
 import sys
 import threading
 import time
@@ -11,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run, sources
+from conftest import REPO, run, sources
 
 # Each test runs the programs in subprocesses, or uses the model they trained.
 pytestmark = pytest.mark.slow
@@ -186,6 +189,80 @@ def test_a_python_with_only_tensorflow_and_tensorflow_text_translates_as_in_proc
     assert served["serving_default"]["translations"][-1] == ""
 
 
+# TF Serving's C++ loader, like TF1's, runs the SavedModel's restore op in a session; the
+# warmup requests replayed there, as TF Serving replays them when it loads a version.
+_SESSION_CONSUMER = r"""
+import json, sys
+import numpy as np
+import tensorflow as tf
+import tensorflow_text  # registers the SentencePiece ops, as TF Serving builds do
+from tensorflow_serving.apis import prediction_log_pb2
+version, warmup = sys.argv[1], sys.argv[2]
+answers = {}
+with tf.compat.v1.Session(graph=tf.Graph()) as session:
+    meta_graph = tf.compat.v1.saved_model.loader.load(session, ["serve"], version)
+    for record in tf.compat.v1.io.tf_record_iterator(warmup):
+        request = prediction_log_pb2.PredictionLog.FromString(record).predict_log.request
+        signature = meta_graph.signature_def[request.model_spec.signature_name]
+        feed = {signature.inputs[k].name: tf.make_ndarray(v) for k, v in request.inputs.items()}
+        keys = sorted(signature.outputs)
+        values = session.run([signature.outputs[k].name for k in keys], feed)
+        answers[request.model_spec.signature_name] = {
+            k: np.char.decode(v.astype(bytes)).tolist() if v.dtype == object else v.tolist()
+            for k, v in zip(keys, values)}
+print(json.dumps(answers))
+"""
+
+
+def test_tf_servings_session_loader_answers_every_warmup_request_as_tf2_does(exported,
+                                                                             loaded, tmp_path):
+    script = tmp_path / "session_consumer.py"
+    script.write_text(_SESSION_CONSUMER)
+    warmup = exported.version_dir / "assets.extra" / "tf_serving_warmup_requests"
+    result = run([sys.executable, str(script), str(exported.version_dir), str(warmup)],
+                 cwd=tmp_path, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    answers = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    from tensorflow_serving.apis import prediction_log_pb2
+    assert sorted(answers) == sorted(SIGNATURES)
+    for record in tf.data.TFRecordDataset(str(warmup)):
+        request = prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
+        name = request.model_spec.signature_name
+        expected = loaded.signatures[name](**{k: tf.constant(tf.make_ndarray(v))
+                                              for k, v in request.inputs.items()})
+        for key, value in expected.items():
+            if value.dtype == tf.string:
+                assert answers[name][key] == np.char.decode(value.numpy().astype(bytes)).tolist()
+            else:
+                np.testing.assert_allclose(answers[name][key], value.numpy(), rtol=1e-4,
+                                           atol=1e-5, err_msg=f"{name} {key}")
+
+
+def test_saved_model_cli_runs_the_readmes_translate_with_options_request(exported, loaded,
+                                                                         tmp_path):
+    """The README's command: saved_model_cli run, with the tensorflow_text ops registered
+    (TF Serving builds include them; saved_model_cli alone does not)."""
+    readme = (REPO / "README.md").read_text()
+    command = re.search(r"python -c \"(import sys, tensorflow_text;[^\"]+)\" run (.+?)\n\n",
+                        readme.replace("\\\n", " "), re.S)
+    assert command, "the README shows saved_model_cli run on translate_with_options"
+    args = shlex.split(command.group(2).replace("saved_models/small_multi30k/1",
+                                                str(exported.version_dir)))
+    run([sys.executable, "-c", command.group(1), "run", *args, f"--outdir={tmp_path}"],
+        cwd=tmp_path, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    inputs = dict(item.split("=", 1) for item in
+                  args[args.index("--input_exprs") + 1].split(";"))
+    expected = loaded.signatures["translate_with_options"](
+        inputs=tf.constant(ast.literal_eval(inputs["inputs"])),
+        target_prefix=tf.constant(ast.literal_eval(inputs["target_prefix"])),
+        beam_size=tf.constant(int(inputs["beam_size"])),
+        alpha=tf.constant(float(inputs["alpha"])),
+        max_extra_length=tf.constant(int(inputs["max_extra_length"])),
+        num_hypotheses=tf.constant(int(inputs["num_hypotheses"])))
+    for key, value in expected.items():
+        np.testing.assert_array_equal(np.load(tmp_path / f"{key}.npy", allow_pickle=True),
+                                      value.numpy())
+
+
 def test_export_cli_averages_into_the_next_version_that_appears_only_complete(exported,
                                                                                tmp_path):
     """While `python -m trainer.export --average_last=2` runs, every version directory that
@@ -224,13 +301,25 @@ def test_export_cli_averages_into_the_next_version_that_appears_only_complete(ex
     assert [os.path.basename(p) for p in info["checkpoints"]] == ["ckpt-15", "ckpt-30"]
 
     # Its weights are the mean of the two checkpoints'.
-    reader = tf.train.load_checkpoint(str(export_dir / "8" / "variables" / "variables"))
+    embedding = exported_embedding(export_dir / "8")
     first = tf.train.load_checkpoint(str(exported.model_dir / "ckpt-15"))
     last = tf.train.load_checkpoint(str(exported.model_dir / "ckpt-30"))
     name = "model/embedding/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
-    np.testing.assert_allclose(reader.get_tensor(name),
-                               (first.get_tensor(name) + last.get_tensor(name)) / 2, rtol=1e-6)
-    assert not np.allclose(reader.get_tensor(name), last.get_tensor(name))
+    np.testing.assert_allclose(embedding, (first.get_tensor(name) + last.get_tensor(name)) / 2,
+                               rtol=1e-6)
+    assert not np.allclose(embedding, last.get_tensor(name))
+
+
+def exported_embedding(version):
+    """The shared embedding matrix of an export (the one weight of shape [vocab, d_model]),
+    as saved; the export saves the weights as a list ("weights/<i>")."""
+    reader = tf.train.load_checkpoint(str(version / "variables" / "variables"))
+    shapes = reader.get_variable_to_shape_map()
+    vocab = json.loads((version / "assets.extra" / "export.json").read_text())["model"]
+    found = [name for name, shape in shapes.items()
+             if shape == [vocab["vocab_size"], vocab["d_model"]]]
+    assert len(found) == 1 and found[0].startswith("weights/"), found
+    return reader.get_tensor(found[0])
 
 
 def test_a_saved_model_path_resolves_to_the_version_tf_serving_would_serve(tmp_path):
@@ -254,9 +343,10 @@ def test_a_bfloat16_export_keeps_bfloat16_weights_and_scores_close_to_float32(
     version = export_dir / "1"
     info = json.loads((version / "assets.extra" / "export.json").read_text())
     assert info["precision"] == "bfloat16"
+    assert exported_embedding(version).dtype == tf.bfloat16.as_numpy_dtype
     reader = tf.train.load_checkpoint(str(version / "variables" / "variables"))
-    name = "model/embedding/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
-    assert reader.get_variable_to_dtype_map()[name] == tf.bfloat16
+    assert {dtype for name, dtype in reader.get_variable_to_dtype_map().items()
+            if name.startswith("weights/")} == {tf.bfloat16}
     types = _op_types(version)
     assert all(t.startswith("Sentencepiece") for t in types if not hasattr(tf.raw_ops, t))
     # The same pairs score alike: bfloat16 keeps about 3 significant digits per weight.

@@ -110,6 +110,23 @@ def build_translator(model_dir: str, beam_size: int = 4, alpha: float = 0.6,
                       max_beam_size=max_beam_size), paths
 
 
+def _servable(translator: Translator) -> tf.Module:
+    """What the SavedModel saves besides the signatures: the weights as the tf.Variables
+    the signatures read, the tokenizers (their SentencePiece resources) and the
+    vocabularies as assets/<name>, for clients that tokenize themselves (translate_ids).
+
+    Not the Keras model: its variables are saved as Keras objects that the TF1-style
+    restore op skips, so TF Serving and saved_model_cli run, which load through it, would
+    fail with "Could not find variable" (keras-team/keras#19274), and saving both would
+    store every weight twice. tf.saved_model.load reads either form."""
+    servable = tf.Module(name="translator")
+    servable.weights = [variable.value for variable in translator.model.weights]
+    servable.tokenizers = [translator.source_tokenizer, translator.target_tokenizer]
+    servable.vocabularies = [tf.saved_model.Asset(tokenizer.path)
+                             for tokenizer in servable.tokenizers]
+    return servable
+
+
 def export(model_dir: str, export_dir: str, beam_size: int = 4, alpha: float = 0.6,
            average_last: int = 0, precision: str = "float32",
            weights: Optional[str] = None, max_beam_size: int = 8) -> str:
@@ -118,11 +135,6 @@ def export(model_dir: str, export_dir: str, beam_size: int = 4, alpha: float = 0
     max_beam_size bounds what translate_with_options and sample accept."""
     translator, checkpoints = build_translator(model_dir, beam_size, alpha, average_last,
                                                precision, weights, max_beam_size)
-    # The vocabulary travels as an asset (assets/<name>) for clients that tokenize
-    # themselves (translate_ids); the graph carries its own copy inside the tf-text op.
-    for role, tok in (("source", translator.source_tokenizer),
-                      ("target", translator.target_tokenizer)):
-        setattr(translator, f"{role}_vocabulary", tf.saved_model.Asset(tok.path))
     signatures = {name: getattr(translator, "translate" if name == "serving_default" else name
                                 ).get_concrete_function() for name in SIGNATURES}
     info = {"model_dir": os.path.abspath(model_dir), "checkpoints": checkpoints,
@@ -138,7 +150,7 @@ def export(model_dir: str, export_dir: str, beam_size: int = 4, alpha: float = 0
     staging = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        tf.saved_model.save(translator, staging, signatures=signatures)
+        tf.saved_model.save(_servable(translator), staging, signatures=signatures)
         extra = os.path.join(staging, "assets.extra")
         tf.io.gfile.makedirs(extra)
         warmup.write(os.path.join(extra, warmup.FILE),
