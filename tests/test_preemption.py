@@ -60,7 +60,10 @@ def check_preempted(model_dir, seconds, outputs, processes):
     """Every process exits with PREEMPTED_STATUS and one line naming the checkpoint of the
     step the chief logged last; returns that step."""
     step = latest_step(model_dir)
-    assert seconds < 30, f"{seconds:.1f} s from SIGTERM to exit"
+    # How fast (the issue's 30 s for the recipe) is bench/resume.py's to measure, alone on
+    # the machine; here the bound is preempt()'s timeout, which a run that went on
+    # training would hit.
+    assert seconds < 120, f"{seconds:.1f} s from SIGTERM to exit"
     for process, (_, err) in zip(processes, outputs):
         assert process.returncode == PREEMPTED_STATUS, err[-3000:]
         last = err.strip().splitlines()[-1]
@@ -110,17 +113,26 @@ def check_same_stream(model_dir, steps, pipelines, replicas_fed):
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_sigterm_checkpoints_the_update_in_flight_and_the_same_command_resumes(
         tmp_path, replicas):
+    """Also what a multi-replica run must do at all: 2 CPU replicas learn (signalled at
+    step 40), and a resumed run stops at the new total with a validation."""
     model_dir = str(tmp_path / "run")
     flags = [f"--num_cpu_replicas={replicas}"]
     process = start(model_dir, *flags, "--train_steps=100000")
-    seconds, outputs = preempt([process], signalled=0)
+    seconds, outputs = preempt([process], signalled=0, after_step=40 if replicas == 2 else 5)
     step = check_preempted(model_dir, seconds, outputs, [process])
+    out, err = outputs[0]
+    assert f"{replicas} replica(s)" in "\n".join(out)
+    assert len(err.strip().splitlines()) == 1, err[-3000:]  # a quiet console: the one line
+    if replicas == 2:
+        loss = summaries(model_dir, "loss")
+        assert loss[step] < loss[5] - 1.0, loss
 
     resumed = start(model_dir, *flags, f"--train_steps={step + 3}")
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-3000:]
     assert f"resumed from {model_dir}/ckpt-{step} at step {step}" in out
     assert logged_steps(out.splitlines()) == [step + 1, step + 2, step + 3]
+    assert "validation bleu" in out and latest_step(model_dir) == step + 3
     # One input pipeline feeds both replicas.
     check_same_stream(model_dir, step + 3, pipelines=1, replicas_fed=replicas)
 

@@ -44,31 +44,6 @@ def latest_step(model_dir):
     return int(latest.rsplit("-", 1)[1]) if latest else 0
 
 
-def test_two_replica_run_learns_and_a_resumed_run_stops_at_the_new_total(tmp_path):
-    model_dir = str(tmp_path / "run")
-    first = task(*QUICK, "--num_cpu_replicas=2", "--train_steps=40", "--checkpoint_every=20",
-                 f"--model_dir={model_dir}")
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "2 replica(s)" in first.stdout
-    # A quiet console: no TensorFlow start-up lines, and in a file (not a terminal) one
-    # progress line per --log_every=5 updates.
-    assert first.stderr == "", first.stderr[-3000:]
-    progress = [line for line in first.stdout.splitlines() if line.startswith("step ")
-                and "/40 " in line]
-    assert [line.split()[1] for line in progress] == [f"{s}/40" for s in range(5, 45, 5)]
-    loss = summaries(model_dir, "loss")
-    assert loss[40] < loss[5] - 1.0, loss
-    assert latest_step(model_dir) == 40
-
-    second = task(*QUICK, "--num_cpu_replicas=2", "--train_steps=60", "--checkpoint_every=20",
-                  f"--model_dir={model_dir}")
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert f"resumed from {model_dir}/ckpt-40 at step 40" in second.stdout
-    assert latest_step(model_dir) == 60
-    assert min(summaries(model_dir, "loss")) > 0
-    assert "validation bleu" in second.stdout
-
-
 def test_kill_9_mid_training_then_the_same_command_resumes(tmp_path):
     model_dir = str(tmp_path / "run")
     flags = [*QUICK, "--train_steps=400", "--checkpoint_every=5", "--keep_checkpoints=3",
