@@ -4,7 +4,11 @@ Measures, on Multi30k test2016 English sources (or --src):
 
   1. the exported SavedModel's serving_default signature (beam 4, alpha 0.6: text in,
      text out, tokenization included), in length-sorted batches as trainer.translate
-     sends them: sentences/s and target tokens/s (output subwords + EOS);
+     sends them: sentences/s and target tokens/s (output subwords + EOS); beside it, in
+     alternate rounds (best of --repeats each), translate_with_options given the same
+     settings as request inputs (beam_size 4, alpha 0.6, max_extra_length 50, one
+     hypothesis, no prefix), whether its outputs are identical, and its greedy
+     (beam_size 1) and sampling (top_p 0.9) requests;
   2. with --model_dir: on the first --uncached_sentences sentences, the SavedModel again
      and the same translation in-process with the key/value cache and without it (every
      step recomputes the decoder over the whole prefix);
@@ -43,12 +47,52 @@ import machine
 from machine import MULTI30K
 
 
-def timed_translation(translate, texts, batch_size):
-    """(translations, seconds) after one warm-up batch (tracing, thread pools)."""
-    translate_texts(translate, texts[:batch_size], batch_size)
+def timed_translation(translate, texts, batch_size, **options):
+    """(translations, seconds) after one warm-up batch (tracing, thread pools); options:
+    the options signatures' scalar inputs (every text gets the empty target prefix), the
+    first hypothesis kept."""
+    prefixes = {"target_prefixes": [""] * len(texts)} if options else {}
+    warmup = {"target_prefixes": prefixes["target_prefixes"][:batch_size]} if options else {}
+    translate_texts(translate, texts[:batch_size], batch_size, **warmup, **options)
     start = time.perf_counter()
-    translations = translate_texts(translate, texts, batch_size)
-    return translations, time.perf_counter() - start
+    translations = translate_texts(translate, texts, batch_size, **prefixes, **options)
+    seconds = time.perf_counter() - start
+    return [t[0] if isinstance(t, list) else t for t in translations], seconds
+
+
+# translate_with_options and sample requests, beside serving_default (beam 4, alpha 0.6).
+REQUESTS = {
+    "translate_with_options, beam 4": ("translate_with_options", dict(
+        beam_size=tf.constant(4), alpha=tf.constant(0.6), max_extra_length=tf.constant(50),
+        num_hypotheses=tf.constant(1))),
+    "translate_with_options, beam 1 (greedy)": ("translate_with_options", dict(
+        beam_size=tf.constant(1), alpha=tf.constant(0.0), max_extra_length=tf.constant(50),
+        num_hypotheses=tf.constant(1))),
+    "sample, top_p 0.9": ("sample", dict(
+        num_hypotheses=tf.constant(1), max_extra_length=tf.constant(50),
+        temperature=tf.constant(1.0), top_k=tf.constant(0), top_p=tf.constant(0.9),
+        seed=tf.constant(0, tf.int64))),
+}
+
+
+def signature_rows(loaded, texts, batch_size, repeats, processor):
+    """Table rows (name, sentences, best seconds, target tokens) of serving_default and the
+    REQUESTS, timed in alternate rounds; and whether translate_with_options at beam 4 gave
+    serving_default's translations."""
+    runs = {"SavedModel serving_default, beam 4": (loaded.signatures["serving_default"], {})}
+    for name, (signature, options) in REQUESTS.items():
+        if signature in loaded.signatures:
+            runs[f"SavedModel {name}"] = (loaded.signatures[signature], options)
+    best, outputs = {}, {}
+    for _ in range(repeats):
+        for name, (translate, options) in runs.items():
+            outputs[name], seconds = timed_translation(translate, texts, batch_size, **options)
+            best[name] = min(best.get(name, float("inf")), seconds)
+    rows = [(name, len(texts), best[name], target_tokens(processor, outputs[name]))
+            for name in runs]
+    names = list(runs)
+    same = len(names) > 1 and outputs[names[0]] == outputs[names[1]]
+    return rows, same
 
 
 def target_tokens(processor, translations) -> int:
@@ -116,6 +160,8 @@ def main(argv=None):
     parser.add_argument("--length_batch", type=int, default=16,
                         help="Sources in the output-length experiment (x beam 4 rows).")
     parser.add_argument("--lengths", default="8,16,32,64,120")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="Rounds of the signature comparison (best of each).")
     args = parser.parse_args(argv)
 
     with open(args.src, encoding="utf-8") as f:
@@ -129,11 +175,8 @@ def main(argv=None):
         vocabulary = os.path.join(version_dir, "assets", "spm_target.model")
     processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary)
 
-    translations, seconds = timed_translation(loaded.signatures["serving_default"], texts,
-                                              args.batch_size)
-    tokens = target_tokens(processor, translations)
-    rows = [("SavedModel serving_default, beam 4", len(texts), seconds, tokens)]
-    mean_output = tokens / len(texts)
+    rows, same = signature_rows(loaded, texts, args.batch_size, args.repeats, processor)
+    mean_output = rows[0][3] / len(texts)
 
     scaling = None
     if args.model_dir:
@@ -174,6 +217,10 @@ def main(argv=None):
     print("|---|---:|---:|---:|---:|")
     for name, n, seconds, tokens in rows:
         print(f"| {name} | {n} | {seconds:.1f} | {n / seconds:.1f} | {tokens / seconds:,.0f} |")
+    if len(rows) > 1:
+        print()
+        print(f"translate_with_options (beam 4) / serving_default time: "
+              f"{rows[1][2] / rows[0][2]:.3f}; identical translations: {'yes' if same else 'no'}")
     if scaling:
         print()
         print(f"Forced-length greedy decoding, {args.length_batch} sources x 4 = {beam_rows} "

@@ -154,9 +154,12 @@ def test_two_workers_stop_at_the_same_step_when_one_is_preempted(tmp_path):
     assert "preempted by a peer worker's preemption" in outputs[0][1]
     assert "preempted by SIGTERM" in outputs[1][1]
 
+    # The resumed cluster trains to the end, as any MultiWorkerMirroredStrategy run must.
     resumed = cluster(model_dir, f"--train_steps={step + 3}")
     results = [p.communicate(timeout=300) for p in resumed]
     assert [p.returncode for p in resumed] == [0, 0], results[1][1][-3000:]
-    assert f"at step {step}" in results[0][0]
+    assert f"at step {step}" in results[0][0] and "2 replica(s)" in results[0][0]
+    assert latest_step(model_dir) == step + 3 and summaries(model_dir, "loss")[step + 3] > 0
+    assert not [d for d in os.listdir(model_dir) if d.startswith("workertemp")]
     # A pipeline per worker, each feeding its one replica.
     check_same_stream(model_dir, step + 3, pipelines=2, replicas_fed=1)

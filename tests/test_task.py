@@ -1,6 +1,5 @@
 """python -m trainer.task as a user runs it: real subprocesses, real files, real kills."""
 
-import json
 import os
 import signal
 import socket
@@ -148,26 +147,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("localhost", 0))
         return s.getsockname()[1]
-
-
-def test_two_workers_on_localhost_train_with_multi_worker_mirrored_strategy(tmp_path):
-    model_dir = str(tmp_path / "run")
-    workers = [f"localhost:{free_port()}", f"localhost:{free_port()}"]
-    processes = []
-    for index in range(2):
-        config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": json.dumps(config)}
-        processes.append(subprocess.Popen(
-            [sys.executable, "-m", "trainer.task", *QUICK, "--train_steps=10",
-             "--checkpoint_every=5", f"--model_dir={model_dir}"],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outputs = [p.communicate(timeout=600) for p in processes]
-    for p, (out, err) in zip(processes, outputs):
-        assert p.returncode == 0, err[-3000:]
-    assert "2 replica(s)" in outputs[0][0]
-    assert latest_step(model_dir) == 10
-    assert not [d for d in os.listdir(model_dir) if d.startswith("workertemp")]
-    assert summaries(model_dir, "loss")[10] > 0
 
 
 def test_the_time_budget_stops_training_with_a_checkpoint_before_train_steps(tmp_path):

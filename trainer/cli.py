@@ -29,8 +29,10 @@ def fail(message: str, status: int = 2):
 
 def stop(message: str, status: int):
     """Ends the program with one line on stderr, "<program>: <message>" (also for a stop
-    that is not an error: a preempted run, which the same command resumes)."""
+    that is not an error: a preempted run, which the same command resumes), the last one
+    the quiet console shows."""
     print(f"{program()}: {message}", file=sys.stderr, flush=True)
+    console.hush()
     sys.exit(status)
 
 

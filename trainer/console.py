@@ -8,6 +8,8 @@ without GPUs ("failed call to cuInit"), the CPU-feature notice and per-op INFO l
 `quiet` reroutes file descriptor 2 through a filter that drops INFO lines and the known
 start-up notices, and passes everything else (real warnings and errors) through.
 Python's own stderr bypasses the filter, so tracebacks and error messages never wait on it.
+Once a program has written its last line (`hush`), the filter drops the rest: what the
+runtime prints while the process exits.
 """
 
 import atexit
@@ -25,6 +27,7 @@ _NOTICES = (
     b"failed call to cuInit",  # the CUDA probe on a machine without a GPU
     b"oneDNN supports DT_INT64 only on platforms with AVX-512",  # falls back, harmless
 )
+_HUSHED = threading.Event()
 
 
 def verbose_requested(verbosity_flag_given: bool) -> bool:
@@ -57,6 +60,14 @@ def quiet():
     atexit.register(restore)
 
 
+def hush():
+    """Drops what TensorFlow's C++ runtime writes to stderr from now on, when `quiet` is
+    on: the program has written its last line. For example a preempted worker's
+    coordination agent, which reports a gRPC error on exit when the chief, which hosts the
+    coordination service, has already gone."""
+    _HUSHED.set()
+
+
 def _forward(read_end: int, out: int):
     hiding = False  # continuation lines belong to the message before them
     with open(read_end, "rb", buffering=0) as pipe:
@@ -65,7 +76,7 @@ def _forward(read_end: int, out: int):
             if match or line.startswith(b"WARNING: All log messages"):
                 hiding = (match is not None and match.group(1) == b"I") or any(
                     notice in line for notice in _NOTICES)
-            if not hiding:
+            if not hiding and not _HUSHED.is_set():
                 os.write(out, line)
 
 

@@ -89,7 +89,8 @@ class PreemptionWatcher:
             self._handler = None
             if self._saved is not None and distribute.is_chief():
                 # The chief hosts the coordination service: it leaves last, or the other
-                # workers' exits print a gRPC error after their one line.
+                # workers' exits report a gRPC error (which their quiet console drops,
+                # but not a verbose one).
                 time.sleep(_CHIEF_LINGER_SECONDS)
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
