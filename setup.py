@@ -28,8 +28,9 @@ setup(
     ],
     extras_require={
         "ctranslate2": ["ctranslate2>=4.5,<5"],
-        # the CTranslate2 export is tested against the real runtime
-        "test": ["pytest>=8", "ctranslate2>=4.5,<5"],
+        # the CTranslate2 export is tested against the real runtime; pytest-xdist runs a
+        # test file per core (most tests wait on one subprocess at a time)
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "ctranslate2>=4.5,<5"],
     },
     license="Apache-2.0",
 )
