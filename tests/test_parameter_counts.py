@@ -7,8 +7,8 @@ about 41k rows at d_model=512 (see README, "Parameter counts").
 """
 
 import dataclasses
+import gc
 
-import keras
 import pytest
 
 from keras_transformer import Transformer, TransformerConfig
@@ -52,10 +52,13 @@ def closed_form(c):
 
 
 def count(config):
+    # No keras.backend.clear_session() to free a big model: it also frees the TF
+    # resources of models other tests in this process hold (the session's Translator).
     model = Transformer(config)
     model.build()
     n = model.count_params()
-    keras.backend.clear_session()
+    del model
+    gc.collect()
     return n
 
 

@@ -3,6 +3,7 @@ progress. Only the programs (trainer/task.py, translate.py, evaluate.py, export.
 average.py, visualize.py) import this module; the code below them takes plain arguments.
 """
 
+import os
 import sys
 import time
 from typing import BinaryIO, Callable, List
@@ -31,8 +32,11 @@ def stop(message: str, status: int):
     """Ends the program with one line on stderr, "<program>: <message>" (also for a stop
     that is not an error: a preempted run, which the same command resumes), the last one
     the quiet console shows."""
-    print(f"{program()}: {message}", file=sys.stderr, flush=True)
     console.hush()
+    print(f"{program()}: {message}", file=sys.stderr, flush=True)
+    # Nothing after it: what the runtime and its threads report while the process exits
+    # (a peer worker's departure, seen by the coordination service) is not news.
+    sys.stderr = open(os.devnull, "w")
     sys.exit(status)
 
 

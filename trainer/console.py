@@ -8,7 +8,7 @@ without GPUs ("failed call to cuInit"), the CPU-feature notice and per-op INFO l
 `quiet` reroutes file descriptor 2 through a filter that drops INFO lines and the known
 start-up notices, and passes everything else (real warnings and errors) through.
 Python's own stderr bypasses the filter, so tracebacks and error messages never wait on it.
-Once a program has written its last line (`hush`), the filter drops the rest: what the
+Once a program writes its last line (`hush`), the filter drops the rest: what the
 runtime prints while the process exits.
 """
 
@@ -62,7 +62,8 @@ def quiet():
 
 def hush():
     """Drops what TensorFlow's C++ runtime writes to stderr from now on, when `quiet` is
-    on: the program has written its last line. For example a preempted worker's
+    on: the program is about to write its last line (called first, so that nothing still
+    in the filter's pipe lands after it). For example a preempted worker's
     coordination agent, which reports a gRPC error on exit when the chief, which hosts the
     coordination service, has already gone."""
     _HUSHED.set()
