@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "attention": ("MultiHeadAttention", "scaled_dot_product_attention"),
     "decoding": ("DecodeResult", "beam_search", "greedy_search", "length_penalty",
-                 "sample_search", "sequence_log_probs"),
+                 "sequence_log_probs"),
     "decoder": ("Decoder", "DecoderLayer"),
     "dropout": ("Dropout",),
     "embedding": ("SharedEmbedding",),
@@ -31,6 +31,7 @@ _LAZY = {
     "normalization": ("LayerNormalization",),
     "positional": ("PositionalEncoding", "positional_encoding"),
     "residual": ("Residual",),
+    "sampling": ("sample_search",),
     "schedule": ("WarmupSchedule",),
     "stack": ("LayerStack",),
     "transformer": ("Transformer", "shift_right"),

@@ -1,0 +1,102 @@
+"""Random sampling of translations (back-translation, diverse outputs): each token drawn
+from the model's distribution at a temperature, restricted to the top-k most probable
+tokens and to the top-p nucleus (Holtzman et al., 2020), with stateless seeds. Greedy
+search's loop (keras_transformer.decoding.single_path_search) with a random choice in
+place of the argmax, so it takes the same target prefix and settings as scalar tensors.
+"""
+
+import tensorflow as tf
+
+from keras_transformer.decoding import (EXTRA_LENGTH, DecodeResult, most_probable,
+                                        single_path_search)
+
+
+def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k=0,
+                  top_p=1.0, alpha=0.6, extra_length=EXTRA_LENGTH, use_cache=True,
+                  target_prefix=None):
+    """Random sampling: each token drawn from the model's distribution at `temperature`,
+    restricted to the top_k most probable tokens and to the nucleus of top_p
+    probability (Holtzman et al., 2020), until EOS; num_samples outputs per sentence.
+
+    The draws are stateless (tf.random.stateless_categorical, seeded by the sentence's
+    seed, the sample's index and the step), so a sentence's seed gives the same samples
+    in any process, thread or batch, and another seed other samples.
+
+    Args:
+      model: a Transformer.
+      source_ids: int [batch, src_len], 0-padded.
+      seed: int [batch], a seed per sentence; or an int scalar s, which seeds sentence b
+        with s + b (its samples then depend on its place in the batch).
+      num_samples: outputs per sentence.
+      temperature: the logits are divided by it before the top-k/top-p restriction; 0
+        (or less) takes the most probable token, i.e. greedy search.
+      top_k: keep the k most probable tokens (ties with the k-th kept too); 0 keeps all.
+      top_p: keep the smallest set of most probable tokens whose probability (at the
+        temperature) reaches top_p; 1 keeps all. The most probable token is always kept.
+      alpha, extra_length, use_cache, target_prefix: as `greedy_search`.
+    Returns:
+      DecodeResult with beam = num_samples, each sentence's samples sorted by score.
+      log_probs are the model's (temperature 1, unrestricted) log P(output | source).
+    """
+    source_ids = tf.cast(source_ids, tf.int32)
+    batch = tf.shape(source_ids)[0]
+    if target_prefix is not None:
+        target_prefix = tf.repeat(tf.cast(target_prefix, tf.int32), num_samples, axis=0)
+    seed = tf.cast(seed, tf.int64)
+    if seed.shape.rank == 0:
+        seed += tf.range(tf.cast(batch, tf.int64))
+    # Row r = b * num_samples + k draws sample k of sentence b.
+    sample = _sampler(tf.repeat(seed, num_samples),
+                      tf.tile(tf.range(tf.cast(num_samples, tf.int64)), [batch]),
+                      temperature, top_k, top_p)
+    # A sentence's samples in adjacent rows, decoded as a batch of batch * num_samples.
+    result = single_path_search(model, tf.repeat(source_ids, num_samples, axis=0), sample,
+                                alpha, extra_length, use_cache, target_prefix)
+
+    def per_sentence(t):  # [batch * num_samples, 1, ...] -> [batch, num_samples, ...]
+        return tf.reshape(t, tf.concat([tf.stack([batch, num_samples]), tf.shape(t)[2:]], 0))
+
+    ids, scores, log_probs, lengths = (per_sentence(t) for t in result)
+    scores, order = tf.math.top_k(scores, num_samples)
+    return DecodeResult(tf.gather(ids, order, batch_dims=1), scores,
+                        tf.gather(log_probs, order, batch_dims=1),
+                        tf.gather(lengths, order, batch_dims=1))
+
+
+def _sampler(seeds, sample_index, temperature, top_k, top_p):
+    """sample_search's choice: (log_probs [rows, vocab], step) -> int32 [rows], row r
+    drawn with the stateless seed (seeds[r], sample_index[r] * 2^16 + step)."""
+    temperature = tf.cast(temperature, tf.float32)
+
+    def draw(args):
+        logits, seed = args
+        return tf.random.stateless_categorical(logits[None], 1, seed, dtype=tf.int32)[0, 0]
+
+    def sample(log_probs, step):
+        logits = _nucleus(log_probs / tf.maximum(temperature, 1e-6), top_k, top_p)
+        row_seeds = tf.stack([seeds, sample_index * 2**16 + tf.cast(step, tf.int64)], axis=1)
+        # One seed per row (vectorized, not a loop): a row's draws do not depend on the
+        # other rows.
+        drawn = tf.vectorized_map(draw, (logits, row_seeds), fallback_to_while_loop=False)
+        return tf.where(temperature > 0, drawn, most_probable(log_probs, step))
+
+    return sample
+
+
+def _nucleus(logits, top_k=0, top_p=1.0):
+    """logits float32 [batch, vocab] with -inf outside each row's top-k tokens (ties
+    with the k-th kept; k <= 0: all) and outside its top-p nucleus: the fewest most
+    probable tokens whose softmax probability sums to at least top_p (the most probable
+    token always kept). top_k and top_p: Python numbers or scalar tensors."""
+    vocab = tf.shape(logits)[-1]
+    top_k = tf.cast(top_k, tf.int32)
+    k = tf.where(top_k > 0, tf.minimum(top_k, vocab), vocab)
+    descending = tf.sort(logits, axis=-1, direction="DESCENDING")
+    # Probability of the tokens ranked before each one: a token is in the nucleus when
+    # those fall short of top_p.
+    before = tf.cumsum(tf.nn.softmax(descending, axis=-1), axis=-1, exclusive=True)
+    kept = (tf.range(vocab) < k) & ((before < tf.cast(top_p, tf.float32)) |
+                                    (tf.range(vocab) == 0))
+    threshold = tf.reduce_min(tf.where(kept, descending, float("inf")), axis=-1,
+                              keepdims=True)
+    return tf.where(logits >= threshold, logits, float("-inf"))
