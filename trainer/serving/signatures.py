@@ -177,11 +177,8 @@ class Translator(tf.Module):
             _check_range("max_extra_length", max_extra_length, 0),
             _check_range("alpha", alpha, 0.0),
             _check_same_batch(inputs, target_prefix)]
-        # Nothing reads an option before the checks pass.
-        with tf.control_dependencies(checks):
-            beam_size, alpha, max_extra_length, num_hypotheses, inputs, target_prefix = map(
-                tf.identity, (beam_size, alpha, max_extra_length, num_hypotheses, inputs,
-                              target_prefix))
+        beam_size, alpha, max_extra_length, num_hypotheses, inputs, target_prefix = _after(
+            checks, beam_size, alpha, max_extra_length, num_hypotheses, inputs, target_prefix)
         source_ids = self.source_ids(inputs)
         result = beam_search(self.model, source_ids, beam_size=beam_size, alpha=alpha,
                              extra_length=max_extra_length, use_cache=self.use_cache,
@@ -221,10 +218,9 @@ class Translator(tf.Module):
             _check_range("top_k", top_k, 0),
             _check_range("top_p", top_p, 0.0, 1.0, low_included=False),
             _check_same_batch(inputs, target_prefix)]
-        with tf.control_dependencies(checks):
-            (num_hypotheses, max_extra_length, temperature, top_k, top_p, inputs,
-             target_prefix) = map(tf.identity, (num_hypotheses, max_extra_length, temperature,
-                                                top_k, top_p, inputs, target_prefix))
+        num_hypotheses, max_extra_length, temperature, top_k, top_p, inputs, target_prefix = \
+            _after(checks, num_hypotheses, max_extra_length, temperature, top_k, top_p, inputs,
+                   target_prefix)
         source_ids = self.source_ids(inputs)
         # A seed per input, so that server-side batching does not change its samples.
         seeds = tf.strings.to_hash_bucket_fast(
@@ -330,6 +326,13 @@ def _check_range(name, value, low, high=None, high_name=None, low_included=True)
     message = tf.strings.format(f"{name} must be in {opening}{low}, {closing}, got {{}}",
                                 [high, value] if high is not None else [value])
     return tf.debugging.Assert(within, [message])
+
+
+def _after(checks, *tensors):
+    """The tensors, read only once every assertion in `checks` has passed: no op sees an
+    option out of its range (tf.fill would fail first, with a message naming nothing)."""
+    with tf.control_dependencies(checks):
+        return [tf.identity(t) for t in tensors]
 
 
 def _check_same_batch(inputs, target_prefix):
