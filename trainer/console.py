@@ -28,6 +28,7 @@ _NOTICES = (
     b"oneDNN supports DT_INT64 only on platforms with AVX-512",  # falls back, harmless
 )
 _HUSHED = threading.Event()
+_WRITING = threading.Lock()  # held by the filter while it passes a line on
 
 
 def verbose_requested(verbosity_flag_given: bool) -> bool:
@@ -54,7 +55,15 @@ def quiet():
     thread.start()
 
     def restore():
-        os.dup2(original, 2)  # the pipe loses its last writer: the filter reads to the end
+        # The pipe loses its last writer, so the filter reads to the end. Once hushed,
+        # what the runtime writes while the process exits (after atexit, from its
+        # threads and destructors) goes nowhere rather than to the terminal unfiltered.
+        if _HUSHED.is_set():
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+            os.close(devnull)
+        else:
+            os.dup2(original, 2)
         thread.join(timeout=5)
 
     atexit.register(restore)
@@ -66,7 +75,8 @@ def hush():
     in the filter's pipe lands after it). For example a preempted worker's
     coordination agent, which reports a gRPC error on exit when the chief, which hosts the
     coordination service, has already gone."""
-    _HUSHED.set()
+    with _WRITING:  # a line the filter is passing on lands before the program's last
+        _HUSHED.set()
 
 
 def _forward(read_end: int, out: int):
@@ -77,8 +87,9 @@ def _forward(read_end: int, out: int):
             if match or line.startswith(b"WARNING: All log messages"):
                 hiding = (match is not None and match.group(1) == b"I") or any(
                     notice in line for notice in _NOTICES)
-            if not hiding and not _HUSHED.is_set():
-                os.write(out, line)
+            with _WRITING:
+                if not hiding and not _HUSHED.is_set():
+                    os.write(out, line)
 
 
 def _line_reader(pipe):
