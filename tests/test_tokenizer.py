@@ -96,6 +96,25 @@ def test_saved_model_tokenizes_like_training(tokenizer, tmp_path):
     assert tf.reduce_all(loaded.detokenize(ids) == text)
 
 
+def test_tokenizers_outlive_reseeding_and_keep_their_own_vocabularies(tokenizer, tmp_path,
+                                                                      training_text):
+    # Seeding drops TF's kernel cache, which held tensorflow_text's own SentencePiece
+    # resource: afterwards every use failed with NotFound.
+    import keras
+    smaller = tokenizer_lib.load_or_train(str(tmp_path), lambda: training_text,
+                                          vocab_size=1000).source
+    text = tf.constant(training_text[0][:50])
+    before = [t.tokenize(text) for t in (tokenizer, smaller)]
+    pipeline = tf.data.Dataset.from_tensor_slices(text).batch(50).map(tokenizer.tokenize)
+    keras.utils.set_random_seed(7)
+    after = [t.tokenize(text) for t in (tokenizer, smaller)]
+    for b, a in zip(before, after):
+        assert b.to_list() == a.to_list()
+    assert before[0].to_list() != before[1].to_list()  # one model each, not a shared one
+    assert next(iter(pipeline)).to_list() == before[0].to_list()
+    assert round_trip(smaller, training_text[1][:20]) == training_text[1][:20]
+
+
 def test_existing_vocabulary_is_loaded_not_retrained(tmp_path, training_text):
     model_dir = str(tmp_path)
     first = tokenizer_lib.load_or_train(model_dir, lambda: training_text, vocab_size=1000)

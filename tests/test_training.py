@@ -59,10 +59,7 @@ INITIAL_WEIGHTS = {}
 
 
 def make_trainer(data, tmp_path, name, **run):
-    """A trainer whose model starts from the same weights as every other one here.
-
-    (Not by re-seeding: tf.random.set_seed clears TF's kernel cache, which destroys the
-    tf-text SentencePiece resource the data pipeline holds.)"""
+    """A trainer whose model starts from the same weights as every other one here."""
     config = TransformerConfig.tiny(vocab_size=data.tokenizers.target.vocab_size, dropout=0.0)
     run = RunConfig(model_dir=str(tmp_path / name), warmup_steps=50,
                     **{"precision": "float32", **run})

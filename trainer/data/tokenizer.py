@@ -23,6 +23,7 @@ loaded, never retrained, so a resumed run tokenizes exactly as before.
 """
 
 import dataclasses
+import hashlib
 import io
 import os
 from typing import Callable, Iterable, Optional, Sequence, Tuple
@@ -30,6 +31,7 @@ from typing import Callable, Iterable, Optional, Sequence, Tuple
 import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tf_text
+from tensorflow_text.python.ops import sentencepiece_tokenizer as tf_text_sentencepiece
 
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from trainer.config import SUBWORD_MODELS
@@ -110,6 +112,24 @@ def train_sentencepiece(sentences: Sequence[str], vocab_size: Optional[int] = No
     return model.getvalue()
 
 
+class _SharedSentencepieceModel(tf_text_sentencepiece._SentencepieceModelResource):
+    """tensorflow_text's SentencePiece model resource, named after the model's bytes.
+
+    tensorflow_text's own resource belongs to the op kernel that created it, so when TF
+    drops its kernel cache (tf.random.set_seed and keras.utils.set_random_seed do) the
+    resource goes with it and every later use fails with NotFound. A shared name makes it
+    the resource manager's: it outlives the kernel, and tokenizers of the same model
+    share one copy of it (it is read-only)."""
+
+    def __init__(self, model_proto: bytes):
+        self._shared_name = "sentencepiece_" + hashlib.sha256(model_proto).hexdigest()[:32]
+        super().__init__(model_proto, None)
+
+    def _create_resource(self):
+        return tf_text_sentencepiece.gen_sentencepiece_tokenizer.sentencepiece_op(
+            model=self._model, shared_name=self._shared_name)
+
+
 class Tokenizer(tf.Module):
     """Text <-> subword ids with one SentencePiece model, in TF graph ops only.
 
@@ -134,6 +154,7 @@ class Tokenizer(tf.Module):
         self.path = path
         self.vocab_size = processor.get_piece_size()
         self._sentencepiece = tf_text.SentencepieceTokenizer(model=model_proto, out_type=tf.int32)
+        self._sentencepiece._model_resource = _SharedSentencepieceModel(model_proto)
 
     @classmethod
     def from_file(cls, path: str) -> "Tokenizer":

@@ -66,8 +66,6 @@ def train_and_export(model_config: TransformerConfig, data_config: DataConfig, r
     """
     strategy = distribute.make_strategy(run.num_cpu_replicas)
     run = dataclasses.replace(run, precision=run.precision or distribute.default_precision())
-    # Before the tokenizer exists: seeding clears TF's kernel cache, which holds the
-    # tensorflow_text SentencePiece resource.
     keras.utils.set_random_seed(run.seed)
     source = sources.select(data_config)
     data = input_pipeline.build(source, run.model_dir, data_config)
