@@ -1,9 +1,10 @@
 """Shared test set-up: quiet TensorFlow logs, paths to the shared data, and one tiny
 model trained and exported once per session by the real `python -m trainer.task` in a
 subprocess (the fixtures `exported`, `loaded`, `translator`, `sentencepiece`), which every
-export, signature and CLI test shares."""
+export, signature and CLI test shares (under pytest-xdist, all workers: trained once)."""
 
 import dataclasses
+import fcntl
 import os
 import subprocess
 import sys
@@ -40,15 +41,33 @@ def run(args, cwd, timeout=600, input=None, env=None):
 
 
 def _train_and_export(root: Path) -> Exported:
+    """Trains and exports in `root`, unless a run there has already done so (under
+    pytest-xdist, every worker's session asks for the same directory, one at a time)."""
     model_dir, export_dir = root / "model", root / "export"
-    # 30 steps: a model that translates badly but fast; the tests check plumbing and
-    # properties that hold for any weights.
-    result = run([sys.executable, "-m", "trainer.task", "--train_steps=30",
-                  "--warmup_steps=30", "--eval_every=30", "--checkpoint_every=15",
-                  "--bleu_sentences=20", "--log_every=30", f"--model_dir={model_dir}",
-                  f"--export_dir={export_dir}"], cwd=root, env=_env())
-    stdout = result.stdout.decode()
-    return Exported(model_dir, export_dir, export_dir / "1", stdout)
+    stdout = root / "task_stdout.txt"  # written once the run has succeeded
+    if not stdout.exists():
+        # 30 steps: a model that translates badly but fast; the tests check plumbing and
+        # properties that hold for any weights.
+        result = run([sys.executable, "-m", "trainer.task", "--train_steps=30",
+                      "--warmup_steps=30", "--eval_every=30", "--checkpoint_every=15",
+                      "--bleu_sentences=20", "--log_every=30", f"--model_dir={model_dir}",
+                      f"--export_dir={export_dir}"], cwd=root, env=_env())
+        stdout.write_bytes(result.stdout)
+    return Exported(model_dir, export_dir, export_dir / "1", stdout.read_text())
+
+
+def _session_directory(tmp_path_factory, name: str):
+    """(directory, lock) for what the whole test run shares: a fresh directory, or under
+    pytest-xdist the one all workers share (beside their own), with an exclusive lock
+    that the caller holds until it has made or found what it needs there."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        directory = tmp_path_factory.mktemp(name)
+        return directory, None
+    directory = tmp_path_factory.getbasetemp().parent / name
+    directory.mkdir(exist_ok=True)
+    lock = open(directory.parent / f"{name}.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return directory, lock
 
 
 def _env():
@@ -58,7 +77,12 @@ def _env():
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory) -> Exported:
     if "exported" not in _CACHE:
-        _CACHE["exported"] = _train_and_export(tmp_path_factory.mktemp("export_session"))
+        directory, lock = _session_directory(tmp_path_factory, "export_session")
+        try:
+            _CACHE["exported"] = _train_and_export(directory)
+        finally:
+            if lock is not None:
+                lock.close()  # releases it
     return _CACHE["exported"]
 
 
