@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import List, Tuple
@@ -182,19 +183,35 @@ def preemption_table(directory: Path, after_steps: List[int]):
         else:
             raise RuntimeError("trainer.task ended before the signal:\n"
                                + process.stderr.read()[-3000:])
+        # The rest of stdout, each line with the time it came (the progress line of the
+        # update in flight tells how long that update took).
+        stdout = []
+        drain = threading.Thread(target=lambda: stdout.extend(
+            (time.perf_counter(), line) for line in process.stdout))
+        drain.start()
         signalled = time.perf_counter()
         process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=600)
+        stderr, said = [], None
+        for line in process.stderr:
+            stderr.append(line)
+            if said is None and "preempted by SIGTERM" in line:
+                said = time.perf_counter() - signalled
+        process.wait(timeout=600)
         seconds = time.perf_counter() - signalled
-        last = err.strip().splitlines()[-1]
-        assert process.returncode == 75 and "preempted by SIGTERM" in last, err[-3000:]
-        rows.append((after, seconds, last))
-        print(f"  SIGTERM after {after} updates: exit 75 after {seconds:.1f} s", flush=True)
-    print("\nFrom SIGTERM to exit, the Multi30k recipe's flags on Multi30k:\n")
-    print("| signalled after | SIGTERM to exit | its last line |")
-    print("|---:|---:|---|")
-    for after, seconds, last in rows:
-        print(f"| {after} updates | {seconds:.1f} s | `{last}` |")
+        drain.join()
+        last = "".join(stderr).strip().splitlines()[-1]
+        assert process.returncode == 75 and said is not None, "".join(stderr)[-3000:]
+        steps = [(at - signalled, line) for at, line in stdout if FIRST_UPDATE.match(line)]
+        in_flight = f"{steps[-1][0]:.1f} s" if steps else "-"
+        rows.append((after, in_flight, said, seconds, last))
+        print(f"  SIGTERM after {after} updates: last update logged after {in_flight}, its "
+              f"line after {said:.1f} s, exit 75 after {seconds:.1f} s", flush=True)
+    print("\nFrom SIGTERM to exit, the Multi30k recipe's flags on Multi30k (the update in "
+          "flight's progress line, the program's last line, the exit):\n")
+    print("| signalled after | update in flight logged | last line | exit | the last line |")
+    print("|---:|---:|---:|---:|---|")
+    for after, in_flight, said, seconds, last in rows:
+        print(f"| {after} updates | {in_flight} | {said:.1f} s | {seconds:.1f} s | `{last}` |")
 
 
 def main():
