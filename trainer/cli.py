@@ -31,13 +31,16 @@ def fail(message: str, status: int = 2):
 def stop(message: str, status: int):
     """Ends the program with one line on stderr, "<program>: <message>" (also for a stop
     that is not an error: a preempted run, which the same command resumes), the last one
-    the quiet console shows."""
+    the quiet console shows, and ends the process there: what the program writes is
+    written and flushed by then."""
     console.hush()
     print(f"{program()}: {message}", file=sys.stderr, flush=True)
-    # Nothing after it: what the runtime and its threads report while the process exits
-    # (a peer worker's departure, seen by the coordination service) is not news.
-    sys.stderr = open(os.devnull, "w")
-    sys.exit(status)
+    sys.stdout.flush()
+    # What is left is the runtime's teardown: no news (a peer worker's departure, seen by
+    # the coordination service), and now and then tens of seconds of it (bench/resume.py:
+    # a preempted run's line 5.9 s after the SIGTERM, its exit 46.7 s after), which a
+    # cloud's grace period would have to cover.
+    os._exit(status)
 
 
 def run(main: Callable[[List[str]], None]):
