@@ -10,7 +10,8 @@ import pytest
 from conftest import REPO, _env, run, sources
 
 import ctranslate2  # in the test extra
-pytestmark = pytest.mark.slow
+# One worker runs this file (pytest-xdist --dist loadgroup): its model is trained once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ctranslate2")]
 
 # Keeps CTranslate2 off PAD and BOS, which our search never emits.
 SUPPRESS = [["<pad>"], ["<s>"]]

@@ -17,6 +17,8 @@ CONFIG = dataclasses.replace(TransformerConfig.tiny(vocab_size=VOCAB), max_lengt
                              dropout=0.0)
 ANY_IDS = [tf.TensorSpec([None, None], tf.int32)]
 SEARCHES = {"beam": beam_search, "greedy": greedy_search}
+# One worker runs this file (pytest-xdist --dist loadgroup): its models are trained once.
+pytestmark = pytest.mark.xdist_group("decoding")
 
 
 def copy_batch(rng, batch, max_tokens=8):

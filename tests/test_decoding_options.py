@@ -17,6 +17,8 @@ SETTINGS = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32),
 # Per source row of `sources`: none, one token, a prefix the copy model would not
 # choose (tokens of another source), and one longer than any output may be.
 PREFIXES = [[], [7], [9, 9, 4], [5, 6], list(range(4, 16)) * 3, [12]]
+# One worker runs this file (pytest-xdist --dist loadgroup): its models are trained once.
+pytestmark = pytest.mark.xdist_group("decoding_options")
 
 
 def padded(rows):
