@@ -35,25 +35,6 @@ from trainer.training.validation import Validator
 from trainer.training.progress import ProgressLog, StepStatistics
 
 
-def _traced_for_any_shape(fn: Callable) -> Callable:
-    """fn as a tf.function traced once, at its first call, for arguments of that call's
-    structure and dtypes and of any shape: one trace instead of one for the first shape
-    and another when a second shape comes (reduce_retracing), which for the `small` model
-    costs seconds at every start."""
-    traced = None
-
-    def call(*args):
-        nonlocal traced
-        if traced is None:
-            # Each argument's TypeSpec (PerReplica ones too) with every dimension unknown.
-            any_shape = tf.nest.map_structure(
-                lambda value: tf.type_spec_from_value(value)._with_tensor_ranks_only(), args)
-            traced = tf.function(fn, input_signature=any_shape)
-        return traced(*args)
-
-    return call
-
-
 class TrainingError(RuntimeError):
     """Training cannot go on (e.g. a non-finite loss)."""
 
@@ -112,8 +93,8 @@ class Trainer:
             self.tokens_since_read = tf.Variable(0.0, trainable=False, name="tokens_since_read")
             self.first_nonfinite_step = tf.Variable(tf.constant(0, tf.int64), trainable=False,
                                                     name="first_nonfinite_step")
-        # Batches come from the host in many shapes: one trace serves them all.
-        self.accumulate = _traced_for_any_shape(self._accumulate)
+        # Batches come from the host: one trace per few shapes, then a generic one.
+        self.accumulate = tf.function(self._accumulate, reduce_retracing=True)
         self.apply = tf.function(self._apply)
         self.gradients = tf.function(self._gradients, jit_compile=run.jit_compile)
         self.stream = None  # TrainingStream, from restore()
