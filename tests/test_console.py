@@ -1,5 +1,5 @@
 """The quiet console: a program's last line stays its last, whatever TensorFlow's runtime
-writes to file descriptor 2 while the process exits (from its threads, and after the
+writes to file descriptor 2 meanwhile (from its threads) or would write at exit (after the
 interpreter's exit handlers). A real subprocess, writing to fd 2 as the C++ runtime does."""
 
 import subprocess
@@ -11,8 +11,8 @@ PROGRAM = r"""
 import atexit, os, sys, threading, time
 from trainer import cli, console
 
-# Registered before quiet(): runs after the console's own exit handler, as the runtime's
-# destructors do.
+# What the runtime's destructors would write after the exit handlers (registered before
+# quiet(), so after the console's own): cli.stop ends the process before any of them.
 atexit.register(lambda: os.write(2, b"E0000 00:00:2.0 7 agent.cc:1] at exit\n"
                                     b":UNKNOWN:Error received from peer\n"))
 console.quiet()

@@ -55,15 +55,7 @@ def quiet():
     thread.start()
 
     def restore():
-        # The pipe loses its last writer, so the filter reads to the end. Once hushed,
-        # what the runtime writes while the process exits (after atexit, from its
-        # threads and destructors) goes nowhere rather than to the terminal unfiltered.
-        if _HUSHED.is_set():
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 2)
-            os.close(devnull)
-        else:
-            os.dup2(original, 2)
+        os.dup2(original, 2)  # the pipe loses its last writer: the filter reads to the end
         thread.join(timeout=5)
 
     atexit.register(restore)
