@@ -5,6 +5,7 @@ through the same graph the export serves. Written to `<model_dir>/eval` for Tens
 import os
 from typing import Callable, Dict
 
+import numpy as np
 import tensorflow as tf
 
 from keras_transformer import Transformer, correct_tokens, label_smoothed_cross_entropy
@@ -32,8 +33,11 @@ class Validator:
                  alpha: float = 0.6, bleu_sentences=0, bleu_tokenize: str = "13a",
                  log: Callable[[str], None] = print):
         self.model, self.data, self.log = model, data, log
-        self.forward = tf.function(lambda source_ids, target_input_ids: model(
-            (source_ids, target_input_ids), training=False), reduce_retracing=True)
+        # One trace for every batch shape.
+        (source, target_input), target_output = data.eval_dataset().element_spec
+        self.batch_sums = tf.function(self._batch_sums, input_signature=[
+            tf.TensorSpec([None, None], spec.dtype)
+            for spec in (source, target_input, target_output)])
         self.writer = tf.summary.create_file_writer(os.path.join(model_dir, "eval"))
         self.translator = None
         if bleu_sentences is not None:
@@ -45,17 +49,22 @@ class Validator:
             self.bleu_tokenize = bleu_tokenize
             self.signature = None
 
+    def _batch_sums(self, source_ids, target_input_ids, target_output_ids):
+        """float32 [3]: one batch's summed loss, target tokens and correct tokens (one
+        graph per batch, the loss included: no eager ops over [batch, length, vocab])."""
+        logits = self.model((source_ids, target_input_ids), training=False)
+        loss, tokens = label_smoothed_cross_entropy(target_output_ids, logits,
+                                                    self.model.config.label_smoothing)
+        return tf.stack([loss, tokens, correct_tokens(target_output_ids, logits)])
+
     def validation_loss(self) -> Dict[str, float]:
         """Label-smoothed loss and token accuracy over one pass of the validation split."""
-        loss_sum = tokens = correct = 0.0
-        for (source_ids, target_input_ids), target_output_ids in self.data.eval_dataset():
-            logits = self.forward(source_ids, target_input_ids)
-            batch_loss, batch_tokens = label_smoothed_cross_entropy(
-                target_output_ids, logits, self.model.config.label_smoothing)
-            loss_sum += float(batch_loss)
-            tokens += float(batch_tokens)
-            correct += float(correct_tokens(target_output_ids, logits))
-        return {"loss": loss_sum / max(tokens, 1.0), "token_accuracy": correct / max(tokens, 1.0)}
+        loss_sum, tokens, correct = np.sum(
+            [self.batch_sums(source_ids, target_input_ids, target_output_ids).numpy()
+             for (source_ids, target_input_ids), target_output_ids in self.data.eval_dataset()]
+            or np.zeros([1, 3]), axis=0, dtype=np.float64)
+        return {"loss": float(loss_sum / max(tokens, 1.0)),
+                "token_accuracy": float(correct / max(tokens, 1.0))}
 
     def translation_scores(self) -> Dict[str, float]:
         """BLEU, chrF and exact match of beam search on the validation sentences."""
