@@ -19,12 +19,12 @@ SUPPRESS = [["<pad>"], ["<s>"]]
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A tiny model trained until it translates the builtin corpus (validation BLEU ~98),
-    exported as a SavedModel and as a float32 CTranslate2 model by the real CLIs."""
+    """A tiny model trained until it translates the builtin corpus (600 updates:
+    validation BLEU ~98 in a run that validates), exported as a SavedModel and as a float32 CTranslate2 model by the real CLIs."""
     root = tmp_path_factory.mktemp("ct2")
     model_dir, export_dir, ct2_dir = root / "model", root / "export", root / "ct2"
     run([sys.executable, "-m", "trainer.task", "--train_steps=600", "--warmup_steps=200",
-         "--eval_every=600", "--checkpoint_every=600", "--bleu_sentences=20",
+         "--eval_every=0", "--checkpoint_every=600",
          "--log_every=600", f"--model_dir={model_dir}", f"--export_dir={export_dir}"],
         cwd=root, env=_env())
     result = run([sys.executable, "-m", "trainer.export", f"--model_dir={model_dir}",

@@ -127,7 +127,7 @@ def test_sigterm_checkpoints_the_update_in_flight_and_the_same_command_resumes(
         loss = summaries(model_dir, "loss")
         assert loss[step] < loss[5] - 1.0, loss
 
-    resumed = start(model_dir, *flags, f"--train_steps={step + 3}")
+    resumed = start(model_dir, *flags, f"--train_steps={step + 3}", "--eval_every=1000")
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-3000:]
     assert f"resumed from {model_dir}/ckpt-{step} at step {step}" in out

@@ -116,7 +116,8 @@ class RunConfig:
       num_cpu_replicas: split the CPU into this many logical devices and mirror over
         them (multi-replica training without GPUs); 0 or 1: one device.
       warmup_steps, learning_rate_scale: the schedule of section 5.3.
-      eval_every, checkpoint_every, keep_checkpoints, log_every: in updates.
+      eval_every, checkpoint_every, keep_checkpoints, log_every: in updates; validation
+        also runs at the end, and eval_every 0 never validates.
       beam_size, alpha: beam search for validation BLEU and the export (section 6.1).
       bleu_sentences: validation sentences translated for BLEU (0: all).
       bleu_tokenize: sacreBLEU's tokenizer for validation BLEU ("13a"; the builtin
@@ -158,11 +159,11 @@ class RunConfig:
     def __post_init__(self):
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        for name in ("train_steps", "accum_steps", "eval_every", "checkpoint_every",
-                     "keep_checkpoints", "log_every", "beam_size"):
+        for name in ("train_steps", "accum_steps", "checkpoint_every", "keep_checkpoints",
+                     "log_every", "beam_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("num_cpu_replicas", "bleu_sentences", "max_train_minutes",
+        for name in ("num_cpu_replicas", "eval_every", "bleu_sentences", "max_train_minutes",
                      "average_last"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")

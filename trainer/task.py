@@ -69,7 +69,7 @@ flags.DEFINE_integer("warmup_steps", RunConfig.warmup_steps, "Learning-rate warm
 flags.DEFINE_float("learning_rate_scale", RunConfig.learning_rate_scale,
                    "Multiplies the learning-rate schedule.")
 flags.DEFINE_integer("eval_every", RunConfig.eval_every, "Validation loss and BLEU every N "
-                     "updates.")
+                     "updates and at the end (0: never).")
 flags.DEFINE_integer("checkpoint_every", RunConfig.checkpoint_every, "Checkpoint every N updates.")
 flags.DEFINE_integer("keep_checkpoints", RunConfig.keep_checkpoints, "Checkpoints kept (average "
                      "them with python -m trainer.average).")

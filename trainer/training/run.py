@@ -73,16 +73,17 @@ def train_and_export(model_config: TransformerConfig, data_config: DataConfig, r
     model_config = sized_to_vocabulary(model_config, data.tokenizers)
     model_dir_lib.save_config(run.model_dir, model_config)
     builtin = isinstance(source, sources.BuiltinSource)
-    validator_args = dict(beam_size=run.beam_size, alpha=run.alpha,
-                          bleu_sentences=run.bleu_sentences,
-                          bleu_tokenize="char" if builtin else run.bleu_tokenize)
+    validator_args = (dict(beam_size=run.beam_size, alpha=run.alpha,
+                           bleu_sentences=run.bleu_sentences,
+                           bleu_tokenize="char" if builtin else run.bleu_tokenize)
+                      if run.eval_every else None)
     trainer = build_trainer(model_config, data, run, strategy, validator_args, log)
     log(f"model: {model_config.num_layers} layers, d_model {model_config.d_model}, "
         f"{model_config.num_heads} heads, d_ff {model_config.d_ff}, vocabulary "
         f"{model_config.vocab_size} ({trainer.model.count_params() / 1e6:.2f}M parameters); "
         f"{strategy.num_replicas_in_sync} replica(s), {run.precision}; "
         f"model_dir {run.model_dir}")
-    if builtin:
+    if builtin and validator_args is not None:
         log("validation BLEU counts character n-grams: the builtin targets are 1-3 German words")
     results = trainer.train()
     if results:
