@@ -14,7 +14,8 @@ One run measures, on Multi30k test2016 (1,000 sentences), beam 4, alpha 0.6, bat
 
 Rows: each SavedModel given (--saved_model float32, --saved_model_bfloat16 from
 `python -m trainer.export --precision=bfloat16`, --previous_saved_model: the same checkpoints
-exported by earlier code, for a before/after in one run) and the CTranslate2 model directory of the
+exported by earlier code, for a before/after in one run; --xla: --saved_model's translate_xla,
+its single-sentence shapes warmed up before timing) and the CTranslate2 model directory of the
 same checkpoints (`python -m trainer.export --format=ctranslate2 --quantization=float32`)
 loaded with compute_type float32, int8 and bfloat16 (where the CPU has it). CTranslate2 uses its length penalty
 (log-prob / length^alpha, ours ((5 + length) / 6)^alpha), suppresses <pad> and <s> (never
@@ -42,14 +43,16 @@ MULTI30K = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", 
                         "data", "multi30k")
 LATENCY_THREADS = (2, 1)  # CTranslate2's OpenMP pays for a second thread on one sentence
 PREVIOUS = "float32, previous code"  # the --previous_saved_model row
+XLA = "float32, translate_xla"  # the --xla row: the float32 export's XLA signature
 
 
-def saved_model_translator(path: str, threads: int) -> Callable[[List[str]], List[str]]:
+def saved_model_translator(path: str, threads: int, signature: str = "serving_default"
+                           ) -> Callable[[List[str]], List[str]]:
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
-    function = tf.saved_model.load(path).signatures["serving_default"]
+    function = tf.saved_model.load(path).signatures[signature]
 
     def translate(texts):
         outputs = function(inputs=tf.constant(texts))["translations"].numpy()
@@ -112,8 +115,19 @@ def worker(args):
             return
     else:
         paths = {"float32": args.saved_model, "bfloat16": args.saved_model_bfloat16,
-                 PREVIOUS: args.previous_saved_model}
-        translate = saved_model_translator(paths[precision], threads)
+                 PREVIOUS: args.previous_saved_model, XLA: args.saved_model}
+        translate = saved_model_translator(paths[precision], threads,
+                                           "translate_xla" if precision == XLA
+                                           else "serving_default")
+        if precision == XLA:
+            # A compile per batch size and source-width bucket: warm the single-sentence
+            # shapes up first, as a server's warmup requests would (throughput's best of
+            # --repeats leaves its compiles out).
+            start = time.perf_counter()
+            for text in texts[:args.latency_sentences]:
+                translate([text])
+            print(f"translate_xla warm-up: {time.perf_counter() - start:.1f} s",
+                  file=sys.stderr)
     result = {}
     if threads == 2:
         with open(args.ref, encoding="utf-8") as f:
@@ -138,6 +152,8 @@ def main(argv=None):
                         "--precision=bfloat16.")
     parser.add_argument("--previous_saved_model", help="A float32 export of the same "
                         "checkpoints by earlier code (a before/after row in the same run).")
+    parser.add_argument("--xla", action="store_true", help="Also time --saved_model's "
+                        "translate_xla signature (exported with --xla).")
     parser.add_argument("--ctranslate2", required=True, help="The same checkpoints "
                         "exported with --format=ctranslate2 --quantization=float32.")
     parser.add_argument("--src", default=os.path.join(MULTI30K, "test2016.en"))
@@ -155,6 +171,8 @@ def main(argv=None):
         systems.append(("this project, SavedModel", "saved_model", "bfloat16"))
     if args.previous_saved_model:
         systems.append(("this project, SavedModel", "saved_model", PREVIOUS))
+    if args.xla:
+        systems.append(("this project, SavedModel", "saved_model", XLA))
     systems += [("CTranslate2", "ctranslate2", c) for c in ("float32", "int8", "bfloat16")]
     results = {}
     for name, engine, precision in systems:

@@ -173,26 +173,38 @@ class MultiHeadAttention(keras.layers.Layer):
         return {"input_kernel": tf.concat(kernels, axis=1), "input_bias": tf.concat(biases, 0),
                 "output_kernel": output_kernel, "output_bias": output_bias}
 
-    def self_attention_step(self, x, key, value, weights):
+    def self_attention_step(self, x, key, value, weights, index=None):
         """Self-attention of one new position per row over the cached ones and itself.
 
         Args:
           x: [rows, d_model], the position being decoded (its sublayer input).
-          key, value: [rows, heads, position, d_k or d_v], the cached earlier positions.
+          key, value: [rows, heads, position, d_k or d_v], the cached earlier positions;
+            with `index`, [rows, heads, width, d]: every position the search may decode.
           weights: `step_weights(self_attention=True)`.
+          index: None (the cache grows), or the scalar position of x in a fixed-width
+            cache (XLA's fixed shapes): x's key and value are written there, and the
+            positions after it are masked.
         Returns:
-          (output [rows, d_model], key and value [rows, heads, position + 1, d] with x's
-          appended).
+          (output [rows, d_model], key and value with x's: [rows, heads, position + 1, d],
+          or the fixed-width cache with position `index` written).
         """
         h, d_k, d_v = self.num_heads, self.key_dim, self.value_dim
         projected = tf.nn.bias_add(tf.matmul(x, weights["input_kernel"]),
                                    weights["input_bias"])  # [rows, h * (2 d_k + d_v)]
         query, new_key, new_value = tf.split(projected, [h * d_k, h * d_k, h * d_v], axis=1)
         # Static shapes with -1 for rows: no shape ops at every step.
-        key = tf.concat([key, tf.reshape(new_key, [-1, h, 1, d_k])], axis=2)
-        value = tf.concat([value, tf.reshape(new_value, [-1, h, 1, d_v])], axis=2)
-        # Every cached position precedes this one: no mask.
-        heads = _step_attention(tf.reshape(query, [-1, h, 1, d_k]), key, value)
+        new_key = tf.reshape(new_key, [-1, h, 1, d_k])
+        new_value = tf.reshape(new_value, [-1, h, 1, d_v])
+        mask = None  # growing: every cached position precedes this one
+        if index is None:
+            key = tf.concat([key, new_key], axis=2)
+            value = tf.concat([value, new_value], axis=2)
+        else:
+            position = tf.range(tf.shape(key)[2])
+            written = (position == index)[:, None]  # [width, 1]
+            key, value = tf.where(written, new_key, key), tf.where(written, new_value, value)
+            mask = position <= index
+        heads = _step_attention(tf.reshape(query, [-1, h, 1, d_k]), key, value, mask)
         return self._step_output(tf.reshape(heads, [-1, h * d_v]), weights), key, value
 
     def cross_attention_step(self, x, key, value, mask, weights):

@@ -79,24 +79,26 @@ class DecoderLayer(keras.layers.Layer):
         x = self.feed_forward_residual(x, y, training=training)
         return (x, weights) if return_attention_scores else x
 
-    def initial_cache(self, encoder_output, beam_size=1):
+    def initial_cache(self, encoder_output, beam_size=1, width=0):
         """The cache before the first step: no self-attention keys and values yet, and
         the encoder-decoder keys and values, once per sentence (its beams share them).
 
         Args:
           encoder_output: [batch, src_len, d_model].
           beam_size: rows decoded per sentence (its beams).
-        Returns a dict: "key" [batch * beam_size, heads, 0, d_k] and "value"
-        [batch * beam_size, heads, 0, d_v], which every step extends by one position;
-        "cross_key" [batch, heads, src_len, d_k] and "cross_value"
-        [batch, heads, src_len, d_v].
+          width: 0, a cache that every step extends by one position; or the positions
+            a search may decode, a fixed-width cache (XLA's fixed shapes) that step
+            `index` writes.
+        Returns a dict: "key" [batch * beam_size, heads, width, d_k] and "value"
+        [batch * beam_size, heads, width, d_v], zeros; "cross_key"
+        [batch, heads, src_len, d_k] and "cross_value" [batch, heads, src_len, d_v].
         """
         cross_key, cross_value = self.cross_attention.project_key_value(encoder_output)
         rows = ops.shape(encoder_output)[0] * beam_size
         attention = self.self_attention
         return {
-            "key": ops.zeros((rows, self.num_heads, 0, attention.key_dim), cross_key.dtype),
-            "value": ops.zeros((rows, self.num_heads, 0, attention.value_dim),
+            "key": ops.zeros((rows, self.num_heads, width, attention.key_dim), cross_key.dtype),
+            "value": ops.zeros((rows, self.num_heads, width, attention.value_dim),
                                cross_value.dtype),
             "cross_key": cross_key,
             "cross_value": cross_value,
@@ -112,7 +114,7 @@ class DecoderLayer(keras.layers.Layer):
                    for name in ("self_attention_residual", "cross_attention_residual",
                                 "feed_forward_residual")}}
 
-    def step(self, x, cache, cross_attention_mask, weights):
+    def step(self, x, cache, cross_attention_mask, weights, index=None):
         """Decode the next position given the cache of the positions before it: the
         layer's `call` in inference, one position per row, on plain tensors.
 
@@ -124,14 +126,16 @@ class DecoderLayer(keras.layers.Layer):
             [batch, heads, src_len, d].
           cross_attention_mask: bool [batch, 1, 1, src_len].
           weights: from `step_weights`.
+          index: None for a growing cache; the position being decoded for a fixed-width
+            one (`initial_cache(..., width)`).
         Returns:
           ([batch * beams, d_model], the cache with this position's keys and values
-          appended: one position written per step, whatever the maximum length).
+          appended (or, fixed-width, written at `index`): one position written per step).
         """
         residual, norm = self.self_attention_residual, weights["self_attention_residual"]
         y, key, value = self.self_attention.self_attention_step(
             residual.step_sublayer_input(x, norm), cache["key"], cache["value"],
-            weights["self_attention"])
+            weights["self_attention"], index)
         x = residual.step(x, y, norm)
         # The encoder keys and values have a row per sentence: a sentence's beams are
         # its queries of them.
@@ -193,9 +197,9 @@ class Decoder(LayerStack):
         x = self.finish(x)
         return (x, all_weights) if return_attention_scores else x
 
-    def initial_cache(self, encoder_output, beam_size=1):
+    def initial_cache(self, encoder_output, beam_size=1, width=0):
         """A list of N per-layer caches (see DecoderLayer.initial_cache)."""
-        return [layer.initial_cache(encoder_output, beam_size) for layer in self.layers]
+        return [layer.initial_cache(encoder_output, beam_size, width) for layer in self.layers]
 
     def step_weights(self):
         """What `step` reads, read once per decoding search: a dict of the N layers'
@@ -203,11 +207,12 @@ class Decoder(LayerStack):
         return {"layers": [layer.step_weights() for layer in self.layers],
                 "final_norm": self.final_norm_weights()}
 
-    def step(self, x, cache, cross_attention_mask, weights):
+    def step(self, x, cache, cross_attention_mask, weights, index=None):
         """x [batch * beams, d_model] at the next position -> ([batch * beams, d_model],
         new cache); see DecoderLayer.step. weights: from `step_weights`."""
         new_cache = []
         for layer, layer_cache, layer_weights in zip(self.layers, cache, weights["layers"]):
-            x, layer_cache = layer.step(x, layer_cache, cross_attention_mask, layer_weights)
+            x, layer_cache = layer.step(x, layer_cache, cross_attention_mask, layer_weights,
+                                        index)
             new_cache.append(layer_cache)
         return self.finish_step(x, weights["final_norm"]), new_cache

@@ -12,7 +12,9 @@ unknown batch and length. The search is shaped for CPU serving cost rather than 
 XLA's fixed shapes: the self-attention cache grows by one position per step (writing
 a position costs O(1), attending costs O(position)), a sentence's beams share its
 encoder-decoder keys and values (never copied per beam), and a sentence whose n-best
-can no longer change leaves the batch.
+can no longer change leaves the batch. `beam_search(..., fixed_shapes=True)` is the same
+search on shapes that never change, for XLA, which fuses a step's hundreds of small ops
+(faster on one sentence, slower on large batches; see bench/README.md).
 
 Every search takes its settings as Python values or as scalar tensors (a SavedModel
 signature's inputs: one trace serves every beam size), and may be given a target prefix:
@@ -202,7 +204,7 @@ class _Hypotheses(NamedTuple):
 
 
 def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LENGTH,
-                use_cache=True, num_hypotheses=None, target_prefix=None):
+                use_cache=True, num_hypotheses=None, target_prefix=None, fixed_shapes=False):
     """Beam search with the length penalty of Wu et al. (2016), section 6.1.
 
     Each step extends every live beam by every token and keeps the 2 * beam_size
@@ -235,6 +237,11 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
       target_prefix: None, or int [batch, prefix_len], 0-padded (PAD, BOS and EOS are
         not tokens a prefix holds): each output starts with its row's tokens, cut where
         the sentence's maximum length leaves room only for EOS.
+      fixed_shapes: no tensor changes shape from step to step, for XLA
+        (`tf.function(jit_compile=True)`, given a source of fixed shape): the cache has
+        every position the search may decode (written at each step, attended under a
+        mask), and a done sentence stays in the batch with its results kept. Same
+        results; without XLA it is slower (every step costs as much as the last).
     beam_size, alpha, extra_length and num_hypotheses may be scalar tensors (the caller
     then keeps 1 <= num_hypotheses <= beam_size and extra_length >= 0).
     Returns:
@@ -249,23 +256,27 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
     batch = tf.shape(source_ids)[0]
     vocab = model.config.vocab_size
     width, max_lengths = _decode_lengths(model, source_ids, extra_length)
-    state, step = _step_function(model, source_ids, width, use_cache, beam_size)
+    state, step = _step_function(model, source_ids, width, use_cache, beam_size,
+                                 fixed_shapes)
     prefix = _Prefix.of(target_prefix)
     neg_inf = tf.constant(float("-inf"))
 
+    # `sentences`: the batch indices of the n sentences still searching, int32 [n]; with
+    # fixed shapes, bool [batch], True for those (n = batch: no sentence leaves).
     def cond(i, sentences, live_seqs, live_log_probs, finished, max_lengths, state,
              results):
-        return (i < width) & (tf.size(sentences) > 0)
+        return (i < width) & (tf.reduce_any(sentences) if fixed_shapes
+                              else tf.size(sentences) > 0)
 
     def body(i, sentences, live_seqs, live_log_probs, finished, max_lengths, state,
              results):
-        # n sentences left (their indices in the batch: `sentences`), beam rows each.
-        n = tf.shape(sentences)[0]
+        n = tf.shape(sentences)[0]  # beam rows each
         flat_seqs = tf.reshape(live_seqs, tf.stack([n * beam_size, width + 1]))
         token_log_probs, state = step(flat_seqs, i, state)  # [n * beam, vocab]
         if prefix is not None:
+            rows = tf.range(n) if fixed_shapes else sentences
             token_log_probs = prefix.force(token_log_probs, i, tf.repeat(max_lengths, beam_size),
-                                           rows=tf.repeat(sentences, beam_size))
+                                           rows=tf.repeat(rows, beam_size))
         # 2 * beam candidates hold at least beam that do not end in EOS (at most one
         # EOS per live beam), so the live set never runs short.
         top_log_probs, top_beams, top_tokens = _best_extensions(
@@ -292,6 +303,11 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
                                      length_penalty(max_lengths, alpha))
         best_live = live_log_probs[:, 0] / largest_penalty  # [n]
         done = finished.scores[:, num_hypotheses - 1] >= best_live
+        if fixed_shapes:
+            results = _keep(results, finished, done & sentences)
+            state = _gather_rows(state, tf.reshape(parents, [-1]))
+            return (i + 1, sentences & ~done, live_seqs, live_log_probs, finished,
+                    max_lengths, state, results)
         results = _store(results, tf.boolean_mask(sentences, done),
                          tf.nest.map_structure(lambda t: tf.boolean_mask(t, done), finished))
         left = tf.cast(tf.where(~done)[:, 0], tf.int32)
@@ -312,11 +328,14 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
         tf.concat([[0.0], tf.fill([beam_size - 1], neg_inf)], 0)[None, :], tf.stack([batch, 1]))
     empty = tf.fill(tf.stack([batch, beam_size]), neg_inf)
     none_finished = _Hypotheses(seqs, empty, empty)
-    loop_vars = (tf.constant(0), tf.range(batch), seqs, live_log_probs, none_finished,
+    sentences = tf.fill([batch], True) if fixed_shapes else tf.range(batch)
+    loop_vars = (tf.constant(0), sentences, seqs, live_log_probs, none_finished,
                  max_lengths, state, none_finished)
     _, sentences, _, _, finished, _, _, results = tf.while_loop(
         cond, body, loop_vars, shape_invariants=_growing(loop_vars))
-    results = _store(results, sentences, finished)  # those still searching at width
+    # Those still searching at width:
+    results = (_keep(results, finished, sentences) if fixed_shapes
+               else _store(results, sentences, finished))
     ids = results.seqs[:, :, 1:]  # [batch, beam, width]
     lengths = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1)
     return DecodeResult(ids, results.scores, results.log_probs, lengths)
@@ -328,6 +347,14 @@ def _store(results, sentences, hypotheses):
     return tf.nest.map_structure(
         lambda r, h: tf.tensor_scatter_nd_update(r, sentences[:, None], h), results,
         hypotheses)
+
+
+def _keep(results, hypotheses, sentences):
+    """results (_Hypotheses over the batch) with `hypotheses`' (the same shapes) in the
+    rows where sentences, bool [batch], is True."""
+    return tf.nest.map_structure(
+        lambda r, h: tf.where(tf.reshape(sentences, [-1] + [1] * (r.shape.rank - 1)), h, r),
+        results, hypotheses)
 
 
 def _decode_lengths(model, source_ids, extra_length):
@@ -344,7 +371,7 @@ def _decode_lengths(model, source_ids, extra_length):
     return width, tf.minimum(source_lengths + extra_length, cap)
 
 
-def _step_function(model, source_ids, width, use_cache, beam_size=1):
+def _step_function(model, source_ids, width, use_cache, beam_size=1, fixed_shapes=False):
     """(initial state, step) for batch * beam_size rows, the beams of a sentence
     adjacent: step(seqs int32 [rows, width + 1], i, state) -> (float32 log-probs
     [rows, vocab] of the token after position i, new state).
@@ -354,18 +381,20 @@ def _step_function(model, source_ids, width, use_cache, beam_size=1):
     row per beam and encoder-decoder ones a row per sentence; the weights the step reads
     (Transformer.step_weights) are read once, outside the loop. Without it:
     "source_ids" [batch, src_len] and "encoder_output" [batch, src_len, d_model].
-    `_gather_rows` reorders the beams' rows, `_gather_sentences` keeps some sentences."""
+    `_gather_rows` reorders the beams' rows, `_gather_sentences` keeps some sentences.
+    fixed_shapes: the cache has width + 1 positions from the start (see beam_search)."""
     encoder_output = model.encode(source_ids, training=False)
     if use_cache:
         weights = model.step_weights(width + 1)
 
         def step(seqs, i, state):
             logits, cache = model.decode_step(seqs[:, i], i, state["cache"],
-                                              state["source_mask"], weights)
+                                              state["source_mask"], weights, fixed_shapes)
             return tf.nn.log_softmax(logits, axis=-1), {**state, "cache": cache}
 
         # Encoder-decoder keys and values are projected once per sentence.
-        cache = model.initial_cache(encoder_output, beam_size)
+        cache = model.initial_cache(encoder_output, beam_size,
+                                    width + 1 if fixed_shapes else 0)
         return {"source_mask": padding_mask(source_ids), "cache": cache}, step
 
     def step(seqs, i, state):

@@ -121,9 +121,10 @@ class Transformer(keras.Model):
             return self.embedding.logits(outputs[0]), outputs[1]
         return self.embedding.logits(outputs)
 
-    def initial_cache(self, encoder_output, beam_size=1):
-        """The decoding cache of `beam_size` rows per sentence (see Decoder)."""
-        return self.decoder.initial_cache(encoder_output, beam_size)
+    def initial_cache(self, encoder_output, beam_size=1, width=0):
+        """The decoding cache of `beam_size` rows per sentence, growing (width 0) or of
+        `width` positions (see DecoderLayer.initial_cache)."""
+        return self.decoder.initial_cache(encoder_output, beam_size, width)
 
     def step_weights(self, length):
         """What `decode_step` reads, read once per search rather than at every step:
@@ -133,7 +134,8 @@ class Transformer(keras.Model):
                 "positions": self.target_positions.step_weights(length),
                 "decoder": self.decoder.step_weights()}
 
-    def decode_step(self, target_ids, index, cache, cross_attention_mask, weights):
+    def decode_step(self, target_ids, index, cache, cross_attention_mask, weights,
+                    fixed_width=False):
         """One step of incremental decoding: `decode` in inference for one more position.
 
         Args:
@@ -144,13 +146,15 @@ class Transformer(keras.Model):
           cache: from `initial_cache(encoder_output, beams)` or the previous step.
           cross_attention_mask: bool [batch, 1, 1, src_len], `padding_mask(source_ids)`.
           weights: `step_weights(length)` with length > index.
+          fixed_width: the cache is `initial_cache(..., width)` with width > index (its
+            shapes never change: XLA), not a growing one.
         Returns:
           (float32 logits [batch * beams, vocab] for position index + 1, the new cache).
         """
         x = self.target_positions.step(
             self.embedding.step(target_ids, weights["embedding"]), index, weights["positions"])
-        x, cache = self.decoder.step(x, cache, cross_attention_mask,
-                                     weights["decoder"])  # [rows, d_model]
+        x, cache = self.decoder.step(x, cache, cross_attention_mask, weights["decoder"],
+                                     index if fixed_width else None)  # [rows, d_model]
         return self.embedding.step_logits(x, weights["embedding"]), cache
 
     def call(self, inputs, training=None):

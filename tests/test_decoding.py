@@ -330,3 +330,21 @@ def test_mixed_bfloat16_keeps_float32_scores(copy_model, sources):
     # bfloat16 activations: the cached steps and teacher forcing agree only roughly.
     np.testing.assert_allclose(recomputed_log_probs(model, sources, result),
                                result.log_probs, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("num_hypotheses", [4, 1])
+def test_fixed_shapes_compile_with_xla_and_give_the_searchs_results(copy_model, num_hypotheses):
+    """fixed_shapes=True under XLA (jit_compile=True fails on any op XLA cannot compile;
+    one compile per source shape) returns what the growing, shrinking search returns: sentences of different lengths finish at different
+    steps, and each keeps the n-best it had when it finished."""
+    sources = copy_batch(np.random.default_rng(5), batch=8)
+    settings = dict(beam_size=4, alpha=0.6, num_hypotheses=num_hypotheses)
+    xla = tf.function(lambda ids: beam_search(copy_model, ids, fixed_shapes=True, **settings),
+                      jit_compile=True, input_signature=ANY_IDS)
+    fixed = tf.nest.map_structure(lambda t: t.numpy(), xla(sources))
+    expected = decode(beam_search, copy_model, sources, **settings)
+    assert len(set(expected.lengths[:, 0])) > 2  # sentences finish at different steps
+    np.testing.assert_array_equal(fixed.ids, expected.ids)
+    np.testing.assert_array_equal(fixed.lengths, expected.lengths)
+    np.testing.assert_allclose(fixed.scores, expected.scores, atol=1e-5)
+    np.testing.assert_allclose(fixed.log_probs, expected.log_probs, atol=1e-5)

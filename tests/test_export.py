@@ -9,6 +9,7 @@ import shlex
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -320,6 +321,42 @@ def exported_embedding(version):
              if shape == [vocab["vocab_size"], vocab["d_model"]]]
     assert len(found) == 1 and found[0].startswith("weights/"), found
     return reader.get_tensor(found[0])
+
+
+def test_the_xla_signature_translates_as_serving_default_in_a_fresh_process(exported,
+                                                                          tmp_path):
+    """export(..., xla=True) adds translate_xla: serving_default's inputs, outputs and
+    translations, its search compiled by XLA, loaded in a process with only tensorflow and
+    tensorflow_text (empty and over-long inputs among them)."""
+    from trainer.serving import saved_model
+    path = saved_model.export(str(exported.model_dir), str(tmp_path / "export"), xla=True)
+    info = json.loads((tmp_path / "export" / "1" / "assets.extra" / "export.json").read_text())
+    assert info["signatures"] == [*SIGNATURES, "translate_xla"]
+    not_core = {t for t in _op_types(Path(path)) if not hasattr(tf.raw_ops, t)}
+    assert all(t.startswith("Sentencepiece") for t in not_core), not_core
+    texts = sources(12) + ["", " ".join(sources(40))]
+    # Two single sentences share a compile (one width bucket); the batch takes another.
+    batches = [texts[:1], texts[1:2], texts[2:]]
+    program = (
+        "import json, sys\n"
+        "import tensorflow as tf, tensorflow_text\n"
+        "loaded = tf.saved_model.load(sys.argv[1])\n"
+        "out = {}\n"
+        "for name in ('serving_default', 'translate_xla'):\n"
+        "    f = loaded.signatures[name]\n"
+        "    results = [f(inputs=tf.constant(b)) for b in json.loads(sys.argv[2])]\n"
+        "    out[name] = [[r['translations'].numpy()[i].decode(), float(r['scores'][i])]\n"
+        "                 for r in results for i in range(len(r['scores']))]\n"
+        "print(json.dumps(out))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = run([sys.executable, "-c", program, path, json.dumps(batches)], cwd=tmp_path,
+                 env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    out = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    assert len(out["translate_xla"]) == len(texts)
+    assert [t for t, _ in out["translate_xla"]] == [t for t, _ in out["serving_default"]]
+    np.testing.assert_allclose([s for _, s in out["translate_xla"]],
+                               [s for _, s in out["serving_default"]], atol=1e-4)
+    assert out["translate_xla"][-2] == ["", 0.0]
 
 
 def test_a_saved_model_path_resolves_to_the_version_tf_serving_would_serve(tmp_path):

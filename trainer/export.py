@@ -38,6 +38,10 @@ flags.DEFINE_integer("max_beam_size", 8, "SavedModel: the largest beam_size (and
 flags.DEFINE_enum("precision", "float32", ("float32", "bfloat16"), "SavedModel: what the "
                   "graph computes in; bfloat16 (bfloat16 weights and matmuls, float32 "
                   "softmaxes and scores) is faster on CPUs with AVX-512 BF16 or AMX.")
+flags.DEFINE_bool("xla", False, "SavedModel: also export translate_xla, serving_default with "
+                  "its search compiled by XLA, faster for one request at a time (a compile "
+                  "per new batch size and source width; TF Serving needs "
+                  "--xla_cpu_compilation_enabled).")
 flags.DEFINE_string("quantization", "int8", "CTranslate2: the weights' type (int8, "
                     "int8_float32, int16, float32, bfloat16, int8_bfloat16).")
 
@@ -75,7 +79,7 @@ def main(argv):
     try:
         path = saved_model.export(FLAGS.model_dir, export_dir, FLAGS.beam_size, FLAGS.alpha,
                                   FLAGS.average_last, FLAGS.precision, FLAGS.export_weights,
-                                  FLAGS.max_beam_size)
+                                  FLAGS.max_beam_size, FLAGS.xla)
     except (FileNotFoundError, ValueError) as e:
         cli.fail(str(e))
     print(f"exported SavedModel to {path}")

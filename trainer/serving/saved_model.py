@@ -32,6 +32,8 @@ Signatures (inputs -> outputs; trainer/serving/signatures.py has the details):
                    lengths int32 [batch]
   attention        inputs tf.string [batch] -> translations, source_pieces, output_pieces,
                    their lengths, encoder_self_attention, encoder_decoder_attention
+  translate_xla    (export(..., xla=True) only) as serving_default, its search compiled by
+                   XLA: for one request at a time; needs XLA's CPU JIT in the server
 
 Tokenization runs inside the graph (tensorflow_text SentencePiece), so a client sends and
 receives plain text; the graph holds only core TensorFlow and tensorflow_text ops.
@@ -129,14 +131,16 @@ def _servable(translator: Translator) -> tf.Module:
 
 def export(model_dir: str, export_dir: str, beam_size: int = 4, alpha: float = 0.6,
            average_last: int = 0, precision: str = "float32",
-           weights: Optional[str] = None, max_beam_size: int = 8) -> str:
+           weights: Optional[str] = None, max_beam_size: int = 8, xla: bool = False) -> str:
     """Exports model_dir's model as the next version in export_dir; returns its path.
     beam_size and alpha are serving_default's (and the other fixed signatures');
-    max_beam_size bounds what translate_with_options and sample accept."""
+    max_beam_size bounds what translate_with_options and sample accept; xla adds the
+    translate_xla signature."""
     translator, checkpoints = build_translator(model_dir, beam_size, alpha, average_last,
                                                precision, weights, max_beam_size)
+    names = SIGNATURES + (("translate_xla",) if xla else ())
     signatures = {name: getattr(translator, "translate" if name == "serving_default" else name
-                                ).get_concrete_function() for name in SIGNATURES}
+                                ).get_concrete_function() for name in names}
     info = {"model_dir": os.path.abspath(model_dir), "checkpoints": checkpoints,
             "weights": weights or ("average" if average_last else "last"),
             "beam_size": beam_size, "alpha": alpha, "max_beam_size": max_beam_size,

@@ -15,6 +15,7 @@ are the SavedModel's signatures (trainer/serving/saved_model.py):
                  temperature, top_k, top_p, seed scalars -> as translate_with_options
   score          (tf.string [batch], tf.string [batch]) -> log_probs, scores, lengths
   attention      tf.string [batch] -> pieces and attention weights (paper section 3.2, 4)
+  translate_xla  as translate, the search compiled by XLA (opt-in: trainer.export --xla)
 
 Every one of them gives one result per input whatever the input (only `score` rejects a
 call whose inputs and targets differ in number, and the options signatures options out of
@@ -31,6 +32,9 @@ from keras_transformer.special_ids import EOS_ID, PAD_ID, UNK_ID
 from trainer.data.tokenizer import Tokenizers
 
 _NEG_INF = float("-inf")
+# translate_xla pads source widths to a multiple of this: one XLA compile per batch size
+# and multiple, not per source length.
+XLA_WIDTH_MULTIPLE = 16
 
 
 class Translator(tf.Module):
@@ -101,7 +105,31 @@ class Translator(tf.Module):
         scores are the best hypothesis' log-probability / length penalty, 0 for an empty
         input (translated to the empty string)."""
         source_ids = self.source_ids(inputs)
-        result = self._search(source_ids)
+        return self._best(source_ids, self._search(source_ids))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def translate_xla(self, inputs):
+        """`translate` (same inputs, outputs and translations) with the search compiled
+        by XLA on fixed shapes (beam_search's fixed_shapes): a step's hundreds of small
+        ops fused, for latency-bound serving of one request at a time; slower on large
+        batches, where `translate`'s shrinking batch and growing cache win. Each new batch
+        size and source width (in pieces, padded to a multiple of XLA_WIDTH_MULTIPLE)
+        costs one compile, seconds, on its first request; TF Serving runs it only with
+        XLA's CPU JIT enabled (--xla_cpu_compilation_enabled)."""
+        source_ids = self.source_ids(inputs)
+        width = tf.shape(source_ids)[1]
+        padded = tf.minimum(-(-width // XLA_WIDTH_MULTIPLE) * XLA_WIDTH_MULTIPLE,
+                            tf.maximum(width, self.model.config.max_length))
+        source_ids = tf.pad(source_ids, [[0, 0], [0, padded - width]])
+        return self._best(source_ids, self._fixed_shape_search(source_ids))
+
+    @tf.function(jit_compile=True)
+    def _fixed_shape_search(self, source_ids):
+        return beam_search(self.model, source_ids, beam_size=self.beam_size, alpha=self.alpha,
+                           num_hypotheses=1, fixed_shapes=True)
+
+    def _best(self, source_ids, result):
+        """translate's outputs from a search's DecodeResult."""
         has_input = tf.reduce_any(source_ids != PAD_ID, axis=1)
         translations = self.target_tokenizer.detokenize(result.ids[:, 0])
         return {"translations": tf.where(has_input, translations, ""),
