@@ -3,11 +3,11 @@
 The exported search (keras_transformer.decoding.beam_search) grows its self-attention cache
 by one position per step and drops finished sentences from the batch, so its shapes change
 every step and XLA cannot compile it. This benchmark times what an XLA search could at best
-be: the same decoding step (`Transformer.step_weights`, the layers' step ops) on fixed shapes
-(a cache of every position the search may decode, written with a one-hot select and read
-under a mask), a top-k over beam x vocabulary and the beam reorder of the cache, with no
-finished-hypothesis bookkeeping and no early exit: it runs exactly as many steps as the real
-search took on the same input. Fewer ops than the real search, so its XLA time is a lower
+be: the same decoding step (`Transformer.decode_step`) on fixed shapes (a cache of every
+position the search may decode, written with a one-hot select and read under a mask), a
+top-k over beam x vocabulary and the beam reorder of the cache, with no finished-hypothesis
+bookkeeping and no early exit: it runs exactly as many steps as the real search took on the
+same input. Fewer ops than the real search, so its XLA time is a lower
 bound of an XLA search's, and the same function without XLA shows what fixed shapes alone
 cost. First-call times include the trace (and, with XLA, the compile for that shape).
 
@@ -27,7 +27,6 @@ import tensorflow as tf
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import machine  # noqa: E402
 from keras_transformer import beam_search  # noqa: E402
-from keras_transformer.attention import _step_attention  # noqa: E402
 from keras_transformer.masking import padding_mask  # noqa: E402
 from trainer.serving import saved_model  # noqa: E402
 
@@ -36,55 +35,26 @@ BEAM = 4
 
 def fixed_shape_search(model, source_ids, steps):
     """`steps` beam steps on fixed shapes (see the module docstring): int32 [batch * beam]
-    tokens of the last step. source_ids int32 [batch, src_len] with a static shape."""
-    config = model.config
-    heads, depth = config.num_heads, config.d_model // config.num_heads
+    tokens of the last step. source_ids int32 [batch, src_len] with a static shape. The
+    step is the library's (`Transformer.decode_step` on a fixed-width cache)."""
     batch = source_ids.shape[0]
     rows, width = batch * BEAM, steps + 1
     weights = model.step_weights(width)
-    cache = model.initial_cache(model.encode(source_ids, training=False), BEAM)
-    cross = [(layer["cross_key"], layer["cross_value"]) for layer in cache]
+    cache = model.initial_cache(model.encode(source_ids, training=False), BEAM, width)
     source_mask = padding_mask(source_ids)
-    empty = [tf.zeros([rows, heads, width, depth]) for _ in cache]
 
-    def step(tokens, i, keys, values):
-        x = model.target_positions.step(model.embedding.step(tokens, weights["embedding"]), i,
-                                        weights["positions"])
-        written = (tf.range(width) == i)[None, None, :, None]
-        before = (tf.range(width) <= i)[None, None, None, :]
-        new_keys, new_values = [], []
-        for layer, w, key, value, (cross_key, cross_value) in zip(
-                model.decoder.layers, weights["decoder"]["layers"], keys, values, cross):
-            projected = tf.nn.bias_add(tf.matmul(x, w["self_attention"]["input_kernel"]),
-                                       w["self_attention"]["input_bias"])
-            query, k, v = tf.split(projected, 3, axis=1)
-            key = tf.where(written, tf.reshape(k, [rows, heads, 1, depth]), key)
-            value = tf.where(written, tf.reshape(v, [rows, heads, 1, depth]), value)
-            attended = _step_attention(tf.reshape(query, [rows, heads, 1, depth]), key, value,
-                                       before)
-            y = layer.self_attention._step_output(tf.reshape(attended, [rows, -1]),
-                                                  w["self_attention"])
-            x = layer.self_attention_residual.step(x, y, w["self_attention_residual"])
-            y = layer.cross_attention.cross_attention_step(x, cross_key, cross_value,
-                                                           source_mask, w["cross_attention"])
-            x = layer.cross_attention_residual.step(x, y, w["cross_attention_residual"])
-            y = layer.feed_forward.step(x, w["feed_forward"])
-            x = layer.feed_forward_residual.step(x, y, w["feed_forward_residual"])
-            new_keys.append(key)
-            new_values.append(value)
-        logits = model.embedding.step_logits(x, weights["embedding"])
-        return tf.nn.log_softmax(logits), new_keys, new_values
-
-    def body(i, tokens, scores, keys, values):
-        log_probs, keys, values = step(tokens, i, keys, values)
+    def body(i, tokens, scores, cache):
+        logits, cache = model.decode_step(tokens, i, cache, source_mask, weights,
+                                          fixed_width=True)
+        log_probs = tf.nn.log_softmax(logits)
         best, index = tf.math.top_k(tf.reshape(scores[:, None] + log_probs, [batch, -1]), BEAM)
-        parents = tf.reshape(index // config.vocab_size + BEAM * tf.range(batch)[:, None], [-1])
-        keys = [tf.gather(key, parents) for key in keys]
-        values = [tf.gather(value, parents) for value in values]
-        return (i + 1, tf.reshape(index % config.vocab_size, [rows]), tf.reshape(best, [rows]),
-                keys, values)
+        vocab = model.config.vocab_size
+        parents = tf.reshape(index // vocab + BEAM * tf.range(batch)[:, None], [-1])
+        cache = [{**layer, "key": tf.gather(layer["key"], parents),
+                  "value": tf.gather(layer["value"], parents)} for layer in cache]
+        return i + 1, tf.reshape(index % vocab, [rows]), tf.reshape(best, [rows]), cache
 
-    start = (tf.constant(0), tf.fill([rows], 2), tf.zeros([rows]), empty, list(empty))
+    start = (tf.constant(0), tf.fill([rows], 2), tf.zeros([rows]), cache)
     return tf.while_loop(lambda i, *_: i < steps, body, start)[1]
 
 
