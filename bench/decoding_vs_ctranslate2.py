@@ -120,9 +120,9 @@ def worker(args):
                                            "translate_xla" if precision == XLA
                                            else "serving_default")
         if precision == XLA:
-            # A compile per batch size and source-width bucket: warm the single-sentence
-            # shapes up first, as a server's warmup requests would (throughput's best of
-            # --repeats leaves its compiles out).
+            # A compile per batch size (up to XLA_MAX_BATCH; larger requests run
+            # serving_default's search) and source-width bucket: warm the single-sentence
+            # shapes up first, as a server's warmup requests would.
             start = time.perf_counter()
             for text in texts[:args.latency_sentences]:
                 translate([text])

@@ -326,37 +326,49 @@ def exported_embedding(version):
 def test_the_xla_signature_translates_as_serving_default_in_a_fresh_process(exported,
                                                                           tmp_path):
     """export(..., xla=True) adds translate_xla: serving_default's inputs, outputs and
-    translations, its search compiled by XLA, loaded in a process with only tensorflow and
-    tensorflow_text (empty and over-long inputs among them)."""
+    translations, loaded in a process with only tensorflow and tensorflow_text. A request
+    above XLA_MAX_BATCH runs serving_default's search (no XLA compile); one sentence at a
+    time, or a few, is compiled by XLA (empty and over-long inputs among them)."""
     from trainer.serving import saved_model
     path = saved_model.export(str(exported.model_dir), str(tmp_path / "export"), xla=True)
     info = json.loads((tmp_path / "export" / "1" / "assets.extra" / "export.json").read_text())
     assert info["signatures"] == [*SIGNATURES, "translate_xla"]
     not_core = {t for t in _op_types(Path(path)) if not hasattr(tf.raw_ops, t)}
     assert all(t.startswith("Sentencepiece") for t in not_core), not_core
-    texts = sources(12) + ["", " ".join(sources(40))]
-    # Two single sentences share a compile (one width bucket); the batch takes another.
-    batches = [texts[:1], texts[1:2], texts[2:]]
+    from trainer.serving.signatures import XLA_MAX_BATCH
+    batch = sources(3 * XLA_MAX_BATCH)
+    # Two short sentences share a compile (one width bucket); "" and the over-long input
+    # (cut to the model's positions) take their own, and so does the pair.
+    small = [[sources(2)[1]], [""], [sources(1)[0]], [" ".join(sources(40))],
+             [sources(3)[2], ""]]
     program = (
         "import json, sys\n"
         "import tensorflow as tf, tensorflow_text\n"
         "loaded = tf.saved_model.load(sys.argv[1])\n"
+        "batch, small = json.loads(sys.argv[2])\n"
+        "def texts(r):\n"
+        "    return [[t.decode(), float(s)] for t, s in zip(r['translations'].numpy(),\n"
+        "                                                  r['scores'].numpy())]\n"
         "out = {}\n"
         "for name in ('serving_default', 'translate_xla'):\n"
         "    f = loaded.signatures[name]\n"
-        "    results = [f(inputs=tf.constant(b)) for b in json.loads(sys.argv[2])]\n"
-        "    out[name] = [[r['translations'].numpy()[i].decode(), float(r['scores'][i])]\n"
-        "                 for r in results for i in range(len(r['scores']))]\n"
+        "    out[name] = texts(f(inputs=tf.constant(batch)))\n"
+        "    sys.stderr.write(f'BATCH DONE {name}\\n'); sys.stderr.flush()\n"
+        "    out[name] += [t for s in small for t in texts(f(inputs=tf.constant(s)))]\n"
         "print(json.dumps(out))\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = run([sys.executable, "-c", program, path, json.dumps(batches)], cwd=tmp_path,
-                 env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    # Log level 0: XLA's "Compiled cluster using XLA!" line shows when the first compile runs.
+    result = run([sys.executable, "-c", program, path, json.dumps([batch, small])],
+                 cwd=tmp_path, env={**env, "TF_CPP_MIN_LOG_LEVEL": "0"})
     out = json.loads(result.stdout.decode().strip().splitlines()[-1])
-    assert len(out["translate_xla"]) == len(texts)
+    assert len(out["translate_xla"]) == len(batch) + sum(map(len, small))
     assert [t for t, _ in out["translate_xla"]] == [t for t, _ in out["serving_default"]]
     np.testing.assert_allclose([s for _, s in out["translate_xla"]],
                                [s for _, s in out["serving_default"]], atol=1e-4)
-    assert out["translate_xla"][-2] == ["", 0.0]
+    assert out["translate_xla"][len(batch) + 1] == out["translate_xla"][-1] == ["", 0.0]
+    stderr = result.stderr.decode()
+    compiled = stderr.find("Compiled cluster using XLA")
+    assert compiled > stderr.index("BATCH DONE translate_xla"), stderr[-3000:]
 
 
 def test_a_saved_model_path_resolves_to_the_version_tf_serving_would_serve(tmp_path):

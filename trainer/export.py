@@ -39,8 +39,9 @@ flags.DEFINE_enum("precision", "float32", ("float32", "bfloat16"), "SavedModel: 
                   "graph computes in; bfloat16 (bfloat16 weights and matmuls, float32 "
                   "softmaxes and scores) is faster on CPUs with AVX-512 BF16 or AMX.")
 flags.DEFINE_bool("xla", False, "SavedModel: also export translate_xla, serving_default with "
-                  "its search compiled by XLA, faster for one request at a time (a compile "
-                  "per new batch size and source width; TF Serving needs "
+                  "the search of requests of up to 4 sentences compiled by XLA, faster for "
+                  "small requests (a compile per new batch size and source width bucket; "
+                  "larger requests run serving_default's search; TF Serving needs "
                   "--xla_cpu_compilation_enabled).")
 flags.DEFINE_string("quantization", "int8", "CTranslate2: the weights' type (int8, "
                     "int8_float32, int16, float32, bfloat16, int8_bfloat16).")

@@ -32,8 +32,9 @@ Signatures (inputs -> outputs; trainer/serving/signatures.py has the details):
                    lengths int32 [batch]
   attention        inputs tf.string [batch] -> translations, source_pieces, output_pieces,
                    their lengths, encoder_self_attention, encoder_decoder_attention
-  translate_xla    (export(..., xla=True) only) as serving_default, its search compiled by
-                   XLA: for one request at a time; needs XLA's CPU JIT in the server
+  translate_xla    (export(..., xla=True) only) as serving_default; the search of a request
+                   of up to 4 sentences is compiled by XLA, a larger one runs
+                   serving_default's; needs XLA's CPU JIT in the server
 
 Tokenization runs inside the graph (tensorflow_text SentencePiece), so a client sends and
 receives plain text; the graph holds only core TensorFlow and tensorflow_text ops.

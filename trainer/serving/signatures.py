@@ -15,7 +15,8 @@ are the SavedModel's signatures (trainer/serving/saved_model.py):
                  temperature, top_k, top_p, seed scalars -> as translate_with_options
   score          (tf.string [batch], tf.string [batch]) -> log_probs, scores, lengths
   attention      tf.string [batch] -> pieces and attention weights (paper section 3.2, 4)
-  translate_xla  as translate, the search compiled by XLA (opt-in: trainer.export --xla)
+  translate_xla  as translate, a small request's search compiled by XLA (opt-in:
+                 trainer.export --xla)
 
 Every one of them gives one result per input whatever the input (only `score` rejects a
 call whose inputs and targets differ in number, and the options signatures options out of
@@ -35,6 +36,10 @@ _NEG_INF = float("-inf")
 # translate_xla pads source widths to a multiple of this: one XLA compile per batch size
 # and multiple, not per source length.
 XLA_WIDTH_MULTIPLE = 16
+# translate_xla compiles requests of at most this many sentences; larger ones run translate's
+# search, faster from 8 sentences on (bench/xla_batch_sizes.py: XLA's fixed shapes are
+# 1.2-2.1x translate's search on 1 to 4 sentences, 0.5-1.0x on 8, with 1 or 2 threads).
+XLA_MAX_BATCH = 4
 
 
 class Translator(tf.Module):
@@ -109,22 +114,32 @@ class Translator(tf.Module):
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def translate_xla(self, inputs):
-        """`translate` (same inputs, outputs and translations) with the search compiled
-        by XLA on fixed shapes (beam_search's fixed_shapes): a step's hundreds of small
-        ops fused, for latency-bound serving of one request at a time; slower on large
-        batches, where `translate`'s shrinking batch and growing cache win. Each new batch
-        size and source width (in pieces, padded to a multiple of XLA_WIDTH_MULTIPLE)
-        costs one compile, seconds, on its first request; TF Serving runs it only with
-        XLA's CPU JIT enabled (--xla_cpu_compilation_enabled)."""
+        """`translate` (same inputs, outputs and translations), the search of a request
+        of up to XLA_MAX_BATCH sentences compiled by XLA on fixed shapes (beam_search's
+        fixed_shapes): a step's hundreds of small ops fused, for latency-bound serving. A
+        larger request runs `translate`'s search, whose shrinking batch and growing cache
+        win there. Each batch size and source width (in pieces, padded to a multiple of
+        XLA_WIDTH_MULTIPLE) costs one compile, seconds, on its first request; TF Serving
+        runs the signature only with XLA's CPU JIT enabled
+        (--xla_cpu_compilation_enabled)."""
         source_ids = self.source_ids(inputs)
+        return tf.cond(tf.shape(source_ids)[0] <= XLA_MAX_BATCH,
+                       lambda: self._best(*self.fixed_shape_search(source_ids)),
+                       lambda: self._best(source_ids, self._search(source_ids)))
+
+    def fixed_shape_search(self, source_ids):
+        """translate_xla's search for small requests, on any batch (bench/xla_batch_sizes.py
+        times it): source_ids int32 [batch, src_len] -> (the ids padded to a width that is
+        a multiple of XLA_WIDTH_MULTIPLE, their best hypotheses' DecodeResult), the search
+        compiled by XLA on fixed shapes."""
         width = tf.shape(source_ids)[1]
         padded = tf.minimum(-(-width // XLA_WIDTH_MULTIPLE) * XLA_WIDTH_MULTIPLE,
                             tf.maximum(width, self.model.config.max_length))
         source_ids = tf.pad(source_ids, [[0, 0], [0, padded - width]])
-        return self._best(source_ids, self._fixed_shape_search(source_ids))
+        return source_ids, self._compiled_fixed_shape_search(source_ids)
 
     @tf.function(jit_compile=True)
-    def _fixed_shape_search(self, source_ids):
+    def _compiled_fixed_shape_search(self, source_ids):
         return beam_search(self.model, source_ids, beam_size=self.beam_size, alpha=self.alpha,
                            num_hypotheses=1, fixed_shapes=True)
 
