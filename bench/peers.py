@@ -149,11 +149,12 @@ class KerasHubTransformer(keras.Model):
 
 
 class KerasHub:
-    """KerasHubTransformer, one tf.function update: tape, summed smoothed loss / tokens, Adam."""
+    """KerasHubTransformer, one tf.function update: tape, summed smoothed loss / tokens, Adam;
+    jit_compile: the update compiled by XLA (what Keras' own `fit` does by default)."""
 
-    name = "keras-hub"
-
-    def __init__(self, config, precision, pool, schedule_warmup, attention_dropout):
+    def __init__(self, config, precision, pool, schedule_warmup, attention_dropout,
+                 jit_compile=False):
+        self.name = "keras-hub, XLA" if jit_compile else "keras-hub"
         keras.utils.set_random_seed(0)
         self.config, self.pool, self.position = config, pool, 0
         self.model = KerasHubTransformer(config, attention_dropout, dtype=precision)
@@ -163,11 +164,12 @@ class KerasHub:
             beta_1=0.9, beta_2=0.98, epsilon=1e-9)
         self.optimizer.build(self.model.trainable_variables)
         spec = tf.TensorSpec([None, None], tf.int32)
-        self.step = tf.function(self._step, input_signature=[spec] * 3)
-        self.gradients = tf.function(self._gradients, input_signature=[spec] * 3)
-        self.apply = tf.function(self._apply)
+        jit = dict(jit_compile=jit_compile)
+        self.step = tf.function(self._step, input_signature=[spec] * 3, **jit)
+        self.gradients = tf.function(self._gradients, input_signature=[spec] * 3, **jit)
+        self.apply = tf.function(self._apply, **jit)
         self.forward = tf.function(lambda s, t: self.model((s, t), training=True),
-                                   input_signature=[spec] * 2)
+                                   input_signature=[spec] * 2, **jit)
 
     def _gradients(self, source_ids, target_input_ids, target_output_ids):
         with tf.GradientTape() as tape:
@@ -257,11 +259,13 @@ def warmup_lr(d_model: int, warmup: int, step: int) -> float:
 
 
 class Torch:
-    """TorchTransformer, eager: forward (autocast for bfloat16), backward, Adam step."""
+    """TorchTransformer, eager: forward (autocast for bfloat16), backward, Adam step;
+    compile: the model's forward and backward compiled by torch.compile (Inductor's C++
+    kernels on a CPU), the optimizer eager."""
 
-    name = "torch"
-
-    def __init__(self, config, precision, pool, schedule_warmup, paper_dropout):
+    def __init__(self, config, precision, pool, schedule_warmup, paper_dropout,
+                 compile=False):
+        self.name = "torch.compile" if compile else "torch"
         torch.manual_seed(0)
         self.config, self.position = config, 0
         self.autocast = precision == "mixed_bfloat16"
@@ -269,6 +273,8 @@ class Torch:
                      for b in pool]
         self.model = TorchTransformer(config, paper_dropout).train()
         self.params = sum(p.numel() for p in self.model.parameters())
+        if compile:
+            self.model = torch.compile(self.model)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1.0, betas=(0.9, 0.98),
                                           eps=1e-9)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(

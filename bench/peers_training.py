@@ -10,7 +10,11 @@ In one process, on the same Multi30k batches, the same architecture and the same
              (GradientTape, the same loss, keras Adam on the same schedule);
   torch      torch.nn.Transformer + a tied nn.Embedding, torch.optim.Adam + LambdaLR on the
              same schedule, F.cross_entropy(label_smoothing=0.1), eager, 2 threads,
-             torch.autocast("cpu", bfloat16) for mixed_bfloat16.
+             torch.autocast("cpu", bfloat16) for mixed_bfloat16;
+  keras-hub-xla, torch-compile
+             the same with their compilers: keras-hub's update compiled by XLA
+             (tf.function(jit_compile=True), what Keras' `fit` does by default), torch's
+             model by torch.compile (Inductor, C++ kernels; needs a C++ compiler).
 
 All three: N=3, d_model 256, d_ff 1024, 4 heads, post-norm, ReLU, sinusoidal positions,
 embeddings scaled by sqrt(d_model), one matrix for source and target embeddings and the
@@ -77,7 +81,7 @@ from machine import (MATMUL_CHAIN, MATMUL_SIZE, MULTI30K, median_seconds, second
                      tf_matmul_peak)
 from peers import Batch, KerasHub, Ours, Torch
 
-IMPLEMENTATIONS = ("ours", "keras-hub", "torch")
+IMPLEMENTATIONS = ("ours", "keras-hub", "keras-hub-xla", "torch", "torch-compile")
 
 
 # ---------------------------------------------------------------- machine and peak
@@ -236,12 +240,14 @@ def main(argv=None):
                 if name == "ours":
                     impls.append(Ours(config, precision, pool_data, args.schedule_warmup_steps,
                                       model_dir))
-                elif name == "keras-hub":
+                elif name.startswith("keras-hub"):
                     impls.append(KerasHub(config, precision, pool, args.schedule_warmup_steps,
-                                          0.0 if args.peer_dropout == "paper" else None))
+                                          0.0 if args.peer_dropout == "paper" else None,
+                                          jit_compile=name.endswith("-xla")))
                 else:
                     impls.append(Torch(config, precision, pool, args.schedule_warmup_steps,
-                                       args.peer_dropout == "paper"))
+                                       args.peer_dropout == "paper",
+                                       compile=name.endswith("-compile")))
             table = [Row(precision, impl.name, impl.params) for impl in impls]
             for impl, row in zip(impls, table):  # untimed: tracing, every shape once
                 row.first_loss = [impl.update() for _ in pool][0]
@@ -264,7 +270,7 @@ def main(argv=None):
     measure_peaks(precisions)
     for row in rows:
         kind = "float32" if row.precision == "float32" else "bfloat16"
-        framework = "torch" if row.name == "torch" else "tf"
+        framework = "torch" if row.name.startswith("torch") else "tf"
         row.own_peak = max(peaks[f"{framework} {kind}"])
         row.peak = max(max(values) for name, values in peaks.items() if name.endswith(kind))
     report(args, command, loads, peaks, data, config, pool, shapes, common, probe, rows)
