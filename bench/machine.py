@@ -24,7 +24,9 @@ import collections
 import glob
 import os
 import platform
+import shlex
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -70,6 +72,22 @@ def describe() -> str:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
     return (f"{os.cpu_count()} cores, {model}, flags: {' '.join(flags) or 'none'}, "
             f"no GPU, {memory:.0f} GiB")
+
+
+def set_threads(threads: int):
+    """TensorFlow's intra- and inter-op threads (0: its default, one per core); call it
+    before TensorFlow runs anything."""
+    if threads:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def print_run(threads: int):
+    """The report's first lines: machine, load average at the end, threads, command."""
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\n   machine: {describe()}, load average {load} at the end")
+    print(f"   threads: {threads or 'default'}")
+    print(f"   command: python {' '.join(map(shlex.quote, sys.argv))}\n")
 
 
 def seconds(fn) -> float:

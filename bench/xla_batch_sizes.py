@@ -18,8 +18,6 @@ repository root,
 """
 
 import argparse
-import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -42,9 +40,7 @@ def main(argv=None):
                         "(0: TensorFlow's default, one per core).")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    if args.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    machine.set_threads(args.threads)
     with open(args.src, encoding="utf-8") as f:
         texts = f.read().splitlines()[:args.sentences]
     translator, _ = saved_model.build_translator(args.model_dir,
@@ -70,12 +66,7 @@ def main(argv=None):
             f"{name} {rates[name, batch_size]:.1f}" for name in searches), file=sys.stderr,
             flush=True)
 
-    print()
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"   machine: {machine.describe()}, load average {load} at the end")
-    print(f"   threads: {args.threads or 'default'}")
-    print(f"   command: python {' '.join(map(shlex.quote, sys.argv))}")
-    print()
+    machine.print_run(args.threads)
     sizes = sorted({size for _, size in rates})
     print(f"| search, beam {translator.beam_size}, sentences/s over the first "
           f"{len(texts)} | " + " | ".join(f"batch {size}" for size in sizes) + " |")

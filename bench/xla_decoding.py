@@ -15,8 +15,6 @@ cost. First-call times include the trace (and, with XLA, the compile for that sh
 """
 
 import argparse
-import os
-import shlex
 import statistics
 import sys
 import time
@@ -75,9 +73,7 @@ def main(argv=None):
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    if args.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    machine.set_threads(args.threads)
     with open(args.src, encoding="utf-8") as f:
         texts = f.read().splitlines()
     translator, _ = saved_model.build_translator(args.model_dir)
@@ -111,12 +107,7 @@ def main(argv=None):
         row["first"], row["best"] = [], []
     measure(texts[:args.batch_size], args.repeats)
 
-    print()
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"   machine: {machine.describe()}, load average {load} at the end")
-    print(f"   threads: {args.threads or 'default'}")
-    print(f"   command: python {' '.join(map(shlex.quote, sys.argv))}")
-    print()
+    machine.print_run(args.threads)
     print(f"| search, beam {BEAM} | one sentence: median ms (first {args.sentences}) | "
           f"its first call, median s | {args.batch_size} sentences: best ms | "
           "its first call, s |")
