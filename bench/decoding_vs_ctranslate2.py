@@ -50,8 +50,8 @@ def saved_model_translator(path: str, threads: int, signature: str = "serving_de
                            ) -> Callable[[List[str]], List[str]]:
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    import machine  # imports TensorFlow: not in the CTranslate2 workers
+    machine.set_threads(threads)
     function = tf.saved_model.load(path).signatures[signature]
 
     def translate(texts):

@@ -335,8 +335,9 @@ def test_mixed_bfloat16_keeps_float32_scores(copy_model, sources):
 @pytest.mark.parametrize("num_hypotheses", [4, 1])
 def test_fixed_shapes_compile_with_xla_and_give_the_searchs_results(copy_model, num_hypotheses):
     """fixed_shapes=True under XLA (jit_compile=True fails on any op XLA cannot compile;
-    one compile per source shape) returns what the growing, shrinking search returns: sentences of different lengths finish at different
-    steps, and each keeps the n-best it had when it finished."""
+    one compile per source shape) returns what the growing, shrinking search returns:
+    sentences of different lengths finish at different steps, and each keeps the n-best
+    it had when it finished."""
     sources = copy_batch(np.random.default_rng(5), batch=8)
     settings = dict(beam_size=4, alpha=0.6, num_hypotheses=num_hypotheses)
     xla = tf.function(lambda ids: beam_search(copy_model, ids, fixed_shapes=True, **settings),

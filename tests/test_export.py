@@ -95,11 +95,16 @@ def _op_types(saved_model_dir):
     return types - functions
 
 
+def _not_core(op_types):
+    """The op types that are not core TensorFlow ops (tf.raw_ops)."""
+    return {t for t in op_types if not hasattr(tf.raw_ops, t)}
+
+
 def test_graph_holds_only_core_tensorflow_and_tensorflow_text_ops(exported):
     types = _op_types(exported.version_dir)
     python_ops = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
     assert not types & python_ops
-    not_core = {t for t in types if not hasattr(tf.raw_ops, t)}
+    not_core = _not_core(types)
     # Tokenization and detokenization run in the graph, as tf-text SentencePiece ops.
     assert {"SentencepieceOp", "SentencepieceTokenizeOp",
             "SentencepieceDetokenizeOp"} <= not_core
@@ -333,14 +338,13 @@ def test_the_xla_signature_translates_as_serving_default_in_a_fresh_process(expo
     path = saved_model.export(str(exported.model_dir), str(tmp_path / "export"), xla=True)
     info = json.loads((tmp_path / "export" / "1" / "assets.extra" / "export.json").read_text())
     assert info["signatures"] == [*SIGNATURES, "translate_xla"]
-    not_core = {t for t in _op_types(Path(path)) if not hasattr(tf.raw_ops, t)}
+    not_core = _not_core(_op_types(Path(path)))
     assert all(t.startswith("Sentencepiece") for t in not_core), not_core
     from trainer.serving.signatures import XLA_MAX_BATCH
     batch = sources(3 * XLA_MAX_BATCH)
     # Two short sentences share a compile (one width bucket); "" and the over-long input
     # (cut to the model's positions) take their own, and so does the pair.
-    small = [[sources(2)[1]], [""], [sources(1)[0]], [" ".join(sources(40))],
-             [sources(3)[2], ""]]
+    small = [[batch[1]], [""], [batch[0]], [" ".join(sources(40))], [batch[2], ""]]
     program = (
         "import json, sys\n"
         "import tensorflow as tf, tensorflow_text\n"
