@@ -5,7 +5,8 @@ Builds the Multi30k recipe's `small` model (vocabulary --vocab_size) in each pre
 batch of --batch x --length random ids (a tenth of the positions padded at the end of each
 row), and times, best of --repeats calls of a tf.function each:
 
-  forward:            the model's logits with training=True (dropout on);
+  forward:            the model's logits with training=True (dropout on), on the
+                      non-padding positions (Transformer.packed_logits), as in training;
   forward + backward: the summed label-smoothed loss and its gradients, as
                       trainer.training.trainer.Trainer computes them.
 
@@ -51,13 +52,13 @@ def pieces(model: Transformer, batch):
 
     @tf.function
     def forward():
-        return model((source_ids, target_input_ids), training=True)
+        return model.packed_logits((source_ids, target_input_ids), training=True)[0]
 
     @tf.function
     def forward_backward():
         with tf.GradientTape() as tape:
-            logits = model((source_ids, target_input_ids), training=True)
-            loss_sum, _ = label_smoothed_cross_entropy(target_output_ids, logits,
+            logits, packing = model.packed_logits((source_ids, target_input_ids), training=True)
+            loss_sum, _ = label_smoothed_cross_entropy(packing.pack(target_output_ids), logits,
                                                        label_smoothing)
         return tape.gradient(loss_sum, model.trainable_variables)
 

@@ -29,6 +29,7 @@ _LAZY = {
     "losses": ("LabelSmoothedCrossEntropy", "correct_tokens", "label_smoothed_cross_entropy"),
     "masking": ("causal_mask", "padding_mask"),
     "normalization": ("LayerNormalization",),
+    "packing": ("Packing",),
     "positional": ("PositionalEncoding", "positional_encoding"),
     "residual": ("Residual",),
     "sampling": ("sample_search",),

@@ -77,7 +77,8 @@ class MultiHeadAttention(keras.layers.Layer):
       query [batch, q_len, d_model], value [batch, k_len, d_model],
       attention_mask bool broadcastable to [batch, heads, q_len, k_len]
       -> [batch, q_len, d_model] (and float32 weights [batch, heads, q_len, k_len]
-      with return_attention_scores=True).
+      with return_attention_scores=True). Self-attention also runs on packed tokens:
+      query and value [tokens, d_model] with their `packing` -> [tokens, d_model].
 
     Incremental decoding uses `step_weights` (read once per search), then
     `self_attention_step` and `cross_attention_step` (keys and values of the source
@@ -118,32 +119,42 @@ class MultiHeadAttention(keras.layers.Layer):
         self.output_dense.build(tuple(query_shape[:-1]) + (self.num_heads * self.value_dim,))
         self.built = True
 
-    def _split_heads(self, x, depth):
-        """[batch, len, heads * depth] -> [batch, heads, len, depth]."""
+    def _split_heads(self, x, depth, packing=None):
+        """[batch, len, heads * depth] (or packed [tokens, heads * depth] and its
+        `Packing`) -> [batch, heads, len, depth]."""
+        if packing is not None:
+            x = packing.unpack(x)
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         return ops.transpose(ops.reshape(x, (batch, length, self.num_heads, depth)), (0, 2, 1, 3))
 
-    def project_key_value(self, value):
-        """Per-head keys and values of `value` [batch, k_len, d_model]:
+    def project_key_value(self, value, packing=None):
+        """Per-head keys and values of `value` [batch, k_len, d_model] (or packed
+        [tokens, d_model] and its `Packing`: projected before unpacking):
         ([batch, heads, k_len, d_k], [batch, heads, k_len, d_v])."""
-        return (self._split_heads(self.key_dense(value), self.key_dim),
-                self._split_heads(self.value_dense(value), self.value_dim))
+        return (self._split_heads(self.key_dense(value), self.key_dim, packing),
+                self._split_heads(self.value_dense(value), self.value_dim, packing))
 
-    def attend(self, query, key_value, attention_mask=None, training=None):
+    def attend(self, query, key_value, attention_mask=None, training=None, packing=None):
         """Attention of `query` [batch, q_len, d_model] over projected `key_value`
         ([batch, heads, k_len, d_k], [..., d_v]) from `project_key_value`, with
         attention_mask bool broadcastable to [batch, heads, q_len, k_len].
 
-        Returns ([batch, q_len, d_model], float32 weights [batch, heads, q_len, k_len]).
+        With the `Packing` of the queries, `query` is packed, [tokens, d_model], and so is
+        the output: the projections skip the padding.
+
+        Returns ([batch, q_len, d_model] (or [tokens, d_model]), float32 weights
+        [batch, heads, q_len, k_len]).
         """
         key, value = key_value
         heads, weights = scaled_dot_product_attention(
-            self._split_heads(self.query_dense(query), self.key_dim), key, value,
+            self._split_heads(self.query_dense(query), self.key_dim, packing), key, value,
             mask=attention_mask, dropout_layer=self.dropout_layer, training=training)
         batch, q_len = ops.shape(heads)[0], ops.shape(heads)[2]
         # [batch, heads, q_len, d_v] -> [batch, q_len, heads * d_v]
         heads = ops.reshape(ops.transpose(heads, (0, 2, 1, 3)),
                             (batch, q_len, self.num_heads * self.value_dim))
+        if packing is not None:
+            heads = packing.pack(heads)  # [tokens, heads * d_v]
         return self.output_dense(heads), weights
 
     def step_weights(self, self_attention):
@@ -235,9 +246,10 @@ class MultiHeadAttention(keras.layers.Layer):
                               weights["output_bias"])
 
     def call(self, query, value, attention_mask=None, training=None,
-             return_attention_scores=False):
-        output, weights = self.attend(query, self.project_key_value(value),
-                                      attention_mask=attention_mask, training=training)
+             return_attention_scores=False, packing=None):
+        output, weights = self.attend(query, self.project_key_value(value, packing),
+                                      attention_mask=attention_mask, training=training,
+                                      packing=packing)
         return (output, weights) if return_attention_scores else output
 
     def compute_output_shape(self, query_shape, value_shape=None):

@@ -24,7 +24,9 @@ class DecoderLayer(keras.layers.Layer):
       self_attention_mask bool [1, 1, tgt_len, tgt_len] (causal),
       cross_attention_mask bool [batch, 1, 1, src_len] (source padding)
       -> [batch, tgt_len, d_model] (plus encoder-decoder attention weights
-      [batch, heads, tgt_len, src_len] with return_attention_scores=True).
+      [batch, heads, tgt_len, src_len] with return_attention_scores=True). With the
+      target's `packing` and the source's `source_packing` (keras_transformer.packing),
+      x, encoder_output and the output are packed, [tokens, d_model].
 
     Example:
 
@@ -66,14 +68,16 @@ class DecoderLayer(keras.layers.Layer):
         self.built = True
 
     def call(self, x, encoder_output, self_attention_mask=None, cross_attention_mask=None,
-             training=None, return_attention_scores=False):
+             training=None, return_attention_scores=False, packing=None,
+             source_packing=None):
         y = self.self_attention_residual.sublayer_input(x)
-        y = self.self_attention(y, y, attention_mask=self_attention_mask, training=training)
+        y = self.self_attention(y, y, attention_mask=self_attention_mask, training=training,
+                                packing=packing)
         x = self.self_attention_residual(x, y, training=training)
         y = self.cross_attention_residual.sublayer_input(x)
         y, weights = self.cross_attention.attend(
-            y, self.cross_attention.project_key_value(encoder_output), cross_attention_mask,
-            training=training)
+            y, self.cross_attention.project_key_value(encoder_output, source_packing),
+            cross_attention_mask, training=training, packing=packing)
         x = self.cross_attention_residual(x, y, training=training)
         y = self.feed_forward(self.feed_forward_residual.sublayer_input(x))
         x = self.feed_forward_residual(x, y, training=training)
@@ -169,7 +173,8 @@ class Decoder(LayerStack):
     Call: x [batch, tgt_len, d_model] (embedded, with positions),
       encoder_output [batch, src_len, d_model], self_attention_mask, cross_attention_mask
       (see DecoderLayer) -> [batch, tgt_len, d_model] (plus a list of N encoder-decoder
-      attention weight tensors with return_attention_scores=True).
+      attention weight tensors with return_attention_scores=True); packed with the
+      `packing` and `source_packing` of DecoderLayer.
 
     Example:
 
@@ -188,11 +193,13 @@ class Decoder(LayerStack):
         self.build_stack(x_shape, encoder_output_shape)
 
     def call(self, x, encoder_output, self_attention_mask=None, cross_attention_mask=None,
-             training=None, return_attention_scores=False):
+             training=None, return_attention_scores=False, packing=None,
+             source_packing=None):
         all_weights = []
         for layer in self.layers:
             x, weights = layer(x, encoder_output, self_attention_mask, cross_attention_mask,
-                               training=training, return_attention_scores=True)
+                               training=training, return_attention_scores=True,
+                               packing=packing, source_packing=source_packing)
             all_weights.append(weights)
         x = self.finish(x)
         return (x, all_weights) if return_attention_scores else x

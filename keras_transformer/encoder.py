@@ -27,7 +27,9 @@ class EncoderLayer(keras.layers.Layer):
 
     Call: x [batch, src_len, d_model], attention_mask bool [batch, 1, 1, src_len]
       -> [batch, src_len, d_model] (plus self-attention weights
-      [batch, heads, src_len, src_len] with return_attention_scores=True).
+      [batch, heads, src_len, src_len] with return_attention_scores=True). With the
+      source's `packing` (keras_transformer.packing), x and the output are packed,
+      [tokens, d_model].
 
     Example:
 
@@ -62,10 +64,11 @@ class EncoderLayer(keras.layers.Layer):
             layer.build(x_shape)
         self.built = True
 
-    def call(self, x, attention_mask=None, training=None, return_attention_scores=False):
+    def call(self, x, attention_mask=None, training=None, return_attention_scores=False,
+             packing=None):
         y = self.self_attention_residual.sublayer_input(x)
         y, weights = self.self_attention(y, y, attention_mask=attention_mask, training=training,
-                                         return_attention_scores=True)
+                                         return_attention_scores=True, packing=packing)
         x = self.self_attention_residual(x, y, training=training)
         y = self.feed_forward(self.feed_forward_residual.sublayer_input(x))
         x = self.feed_forward_residual(x, y, training=training)
@@ -90,7 +93,8 @@ class Encoder(LayerStack):
 
     Call: x [batch, src_len, d_model] (embedded, with positions),
       attention_mask bool [batch, 1, 1, src_len] -> [batch, src_len, d_model]
-      (plus a list of N self-attention weight tensors with return_attention_scores=True).
+      (plus a list of N self-attention weight tensors with return_attention_scores=True);
+      packed [tokens, d_model] in and out with the source's `packing`.
 
     Example:
 
@@ -106,11 +110,12 @@ class Encoder(LayerStack):
     def build(self, x_shape, attention_mask_shape=None):
         self.build_stack(x_shape)
 
-    def call(self, x, attention_mask=None, training=None, return_attention_scores=False):
+    def call(self, x, attention_mask=None, training=None, return_attention_scores=False,
+             packing=None):
         all_weights = []
         for layer in self.layers:
             x, weights = layer(x, attention_mask, training=training,
-                               return_attention_scores=True)
+                               return_attention_scores=True, packing=packing)
             all_weights.append(weights)
         x = self.finish(x)
         return (x, all_weights) if return_attention_scores else x

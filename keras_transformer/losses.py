@@ -19,34 +19,33 @@ def label_smoothed_cross_entropy(labels, logits, label_smoothing=0.1):
     largest tensor of the step.
 
     Args:
-      labels: int [batch, length], PAD_ID where padded.
-      logits: float [batch, length, vocab] (any float dtype; the loss is float32).
+      labels: int [batch, length], PAD_ID where padded (or any shape, e.g. packed
+        [tokens] from Transformer.packed_logits).
+      logits: float [batch, length, vocab] (labels' shape + [vocab]; any float dtype;
+        the loss is float32).
       label_smoothing: eps_ls (0.1 in the paper).
     Returns:
       (loss_sum float32 [], num_tokens float32 []) over non-padding positions.
     """
     labels = tf.cast(labels, tf.int32)
-    mask = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)  # [batch, length]
+    mask = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)  # labels' shape
 
     @tf.custom_gradient
     def loss_sum(logits):
         log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
-        nll = -tf.gather(log_probs, labels, batch_dims=2)  # [batch, length]
+        nll = -tf.gather(log_probs, labels, batch_dims=labels.shape.rank)
         uniform = -tf.reduce_mean(log_probs, axis=-1)  # cross-entropy with eps/vocab everywhere
         loss = (1.0 - label_smoothing) * nll + label_smoothing * uniform
 
         def gradient(upstream):
-            weight = upstream * mask  # [batch, length]
-            vocab = tf.cast(tf.shape(log_probs)[-1], tf.float32)
-            grad = (tf.exp(log_probs) - label_smoothing / vocab) * weight[..., None]
-            # [tokens, 3] indices (batch, position, label) of the one-hot part of q.
-            batch, length = tf.shape(labels)[0], tf.shape(labels)[1]
-            indices = tf.stack(tf.meshgrid(tf.range(batch), tf.range(length), indexing="ij")
-                               + [labels], axis=-1)
-            indices = tf.reshape(indices, [-1, 3])
-            grad = tf.tensor_scatter_nd_sub(
-                grad, indices, tf.reshape((1.0 - label_smoothing) * weight, [-1]))
-            return tf.cast(grad, logits.dtype)
+            weight = tf.reshape(upstream * mask, [-1])  # [positions]
+            vocab = tf.shape(log_probs)[-1]
+            grad = ((tf.exp(tf.reshape(log_probs, [-1, vocab]))
+                     - label_smoothing / tf.cast(vocab, tf.float32)) * weight[:, None])
+            # [positions, 2] indices (position, label) of the one-hot part of q.
+            indices = tf.stack([tf.range(tf.size(labels)), tf.reshape(labels, [-1])], axis=1)
+            grad = tf.tensor_scatter_nd_sub(grad, indices, (1.0 - label_smoothing) * weight)
+            return tf.cast(tf.reshape(grad, tf.shape(logits)), logits.dtype)
 
         return tf.reduce_sum(loss * mask), gradient
 
@@ -54,7 +53,8 @@ def label_smoothed_cross_entropy(labels, logits, label_smoothing=0.1):
 
 
 def correct_tokens(labels, logits):
-    """Number of non-padding positions whose argmax equals the label: float32 []."""
+    """Number of non-padding positions whose argmax equals the label: float32 [].
+    labels int [...], logits [..., vocab]."""
     labels = tf.cast(labels, tf.int32)
     hit = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels)
     return tf.reduce_sum(tf.cast(tf.logical_and(hit, tf.not_equal(labels, PAD_ID)), tf.float32))

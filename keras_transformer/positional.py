@@ -38,7 +38,9 @@ class PositionalEncoding(keras.layers.Layer):
         [max_length, d_model] table, Table 3 row E). Defaults to "sinusoidal".
 
     Call: (x [batch, length, d_model], start=0) -> x + PE[start:start + length].
-    `start` lets incremental decoding add the encoding of a single later position.
+    `start` lets incremental decoding add the encoding of a single later position. With
+    the batch's `packing` (keras_transformer.packing), x is packed, [tokens, d_model], and
+    each token gets its position's encoding.
 
     Example:
 
@@ -65,7 +67,13 @@ class PositionalEncoding(keras.layers.Layer):
                 initializer=keras.initializers.RandomNormal(stddev=0.02))
         self.built = True
 
-    def call(self, x, start=0):
+    def call(self, x, start=0, packing=None):
+        if packing is not None:  # each token gets its own position's encoding
+            if self.kind == "learned":
+                table = self.position_embeddings
+            else:
+                table = positional_encoding(packing.shape[1], self.d_model)
+            return x + ops.cast(ops.take(table, packing.positions, axis=0), x.dtype)
         length = ops.shape(x)[1]
         if self.kind == "learned":
             table = ops.slice(self.position_embeddings, (start, 0), (length, self.d_model))

@@ -9,6 +9,7 @@ from keras_transformer.dropout import Dropout
 from keras_transformer.embedding import SharedEmbedding
 from keras_transformer.encoder import Encoder
 from keras_transformer.masking import causal_mask, padding_mask
+from keras_transformer.packing import Packing
 from keras_transformer.positional import PositionalEncoding
 from keras_transformer.special_ids import BOS_ID, PAD_ID
 
@@ -58,8 +59,9 @@ class Transformer(keras.Model):
     >>> tuple(model((source_ids, shift_right(target_ids)), training=True).shape)
     (1, 3, 100)
 
-    `encode`, `decode`, `initial_cache`, `step_weights` and `decode_step` are the
-    pieces that decoding (keras_transformer.decoding) reuses.
+    `packed_logits` is `call` without computing at padding, for training. `encode`,
+    `decode`, `initial_cache`, `step_weights` and `decode_step` are the pieces that
+    decoding (keras_transformer.decoding) reuses.
     """
 
     def __init__(self, config, **kwargs):
@@ -88,38 +90,65 @@ class Transformer(keras.Model):
         self.encoder = Encoder(name="encoder", **stack, **policy)
         self.decoder = Decoder(name="decoder", **stack, **policy)
 
-    def _embed_source(self, source_ids):
-        embedding = self.embedding if self.source_embedding is None else self.source_embedding
-        return self.source_positions(embedding(source_ids))
-
-    def encode(self, source_ids, training=None, return_attention_scores=False):
+    def encode(self, source_ids, training=None, return_attention_scores=False, packing=None):
         """source_ids int [batch, src_len] -> encoder output [batch, src_len, d_model]
-        (plus N encoder self-attention weights with return_attention_scores=True)."""
-        x = self.source_dropout_layer(self._embed_source(source_ids), training=training)
+        (plus N encoder self-attention weights with return_attention_scores=True); with
+        `packing`, Packing(source_ids), the output is packed: [src_tokens, d_model]."""
+        embedding = self.embedding if self.source_embedding is None else self.source_embedding
+        ids = source_ids if packing is None else packing.pack(source_ids)
+        x = self.source_positions(embedding(ids), packing=packing)
+        x = self.source_dropout_layer(x, training=training)
         return self.encoder(x, padding_mask(source_ids), training=training,
-                            return_attention_scores=return_attention_scores)
+                            return_attention_scores=return_attention_scores, packing=packing)
 
     def decode(self, target_input_ids, encoder_output, source_ids, training=None,
-               return_attention_scores=False):
+               return_attention_scores=False, packing=None, source_packing=None):
         """Teacher-forced decoding of a whole target prefix.
 
         Args:
           target_input_ids: int [batch, tgt_len], BOS followed by the target.
-          encoder_output: [batch, src_len, d_model] from `encode`.
+          encoder_output: [batch, src_len, d_model] from `encode` ([src_tokens, d_model]
+            with `source_packing`).
           source_ids: int [batch, src_len], for the source padding mask.
+          packing, source_packing: Packing(target_input_ids) and Packing(source_ids), or
+            None: compute on the non-padding positions only (see `packed_logits`).
         Returns:
-          float32 logits [batch, tgt_len, vocab] (plus N encoder-decoder attention
-          weights with return_attention_scores=True).
+          float32 logits [batch, tgt_len, vocab] (with `packing`, [tgt_tokens, vocab])
+          (plus N encoder-decoder attention weights with return_attention_scores=True).
         """
-        x = self.target_positions(self.embedding(target_input_ids))
+        ids = target_input_ids if packing is None else packing.pack(target_input_ids)
+        x = self.target_positions(self.embedding(ids), packing=packing)
         x = self.target_dropout_layer(x, training=training)
         target_len = ops.shape(target_input_ids)[1]
         outputs = self.decoder(x, encoder_output, causal_mask(target_len),
                                padding_mask(source_ids), training=training,
-                               return_attention_scores=return_attention_scores)
+                               return_attention_scores=return_attention_scores,
+                               packing=packing, source_packing=source_packing)
         if return_attention_scores:
             return self.embedding.logits(outputs[0]), outputs[1]
         return self.embedding.logits(outputs)
+
+    def packed_logits(self, inputs, training=None):
+        """`call` computed on the non-padding positions only: what training uses.
+
+        Every layer but attention is position-wise, so on the tokens alone
+        (keras_transformer.packing) nothing is computed at padding: the same logits as
+        `call` at the non-padding target positions, in a fraction of the time when
+        batches are padded.
+
+        Args:
+          inputs: (source_ids int [batch, src_len], target_input_ids int
+            [batch, tgt_len]), as for `call`.
+        Returns:
+          (float32 logits [tgt_tokens, vocab], one row per non-padding position of
+          target_input_ids in row-major order; the Packing of target_input_ids, whose
+          `pack(target_ids)` are the matching labels).
+        """
+        source_ids, target_input_ids = inputs
+        source, target = Packing(source_ids), Packing(target_input_ids)
+        encoder_output = self.encode(source_ids, training=training, packing=source)
+        return self.decode(target_input_ids, encoder_output, source_ids, training=training,
+                           packing=target, source_packing=source), target
 
     def initial_cache(self, encoder_output, beam_size=1, width=0):
         """The decoding cache of `beam_size` rows per sentence, growing (width 0) or of

@@ -96,7 +96,8 @@ def test_two_accumulated_batches_give_the_update_of_one_double_batch(data, tmp_p
         tokens = trainer.totals.target_tokens.numpy()
         return [g.numpy() / tokens for g in trainer.gradient_sums]
 
-    for a, b in zip(gradient(accumulated), gradient(single)):
+    gradients = gradient(single)
+    for a, b in zip(gradient(accumulated), gradients):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
     stats_a, stats_b = accumulated.apply(), single.apply()
     for key in ("loss", "gradient_norm", "target_tokens"):
@@ -106,10 +107,12 @@ def test_two_accumulated_batches_give_the_update_of_one_double_batch(data, tmp_p
     after_a, after_b = accumulated.model.get_weights(), single.model.get_weights()
     step = max(np.abs(a - w).max() for a, w in zip(after_a, before))
     assert step > 0, "the update must change the weights"
-    # Adam's first step is lr * sign(g) where |g| is large enough: the same update up to
-    # entries whose gradient is float noise.
-    mismatched = sum(int((np.abs(a - b) > 1e-3 * step).sum()) for a, b in zip(after_a, after_b))
-    assert mismatched <= 1e-3 * sum(a.size for a in after_a)
+    # Adam's first step is lr * sign(g) where |g| is large enough: the same update but
+    # where the gradient is float noise (the key biases' is zero: a softmax ignores them).
+    noise = 1e-6 * max(np.abs(g).max() for g in gradients)
+    mismatched = [int(((np.abs(a - b) > 1e-3 * step) & (np.abs(g) > noise)).sum())
+                  for a, b, g in zip(after_a, after_b, gradients)]
+    assert sum(mismatched) <= 1e-4 * sum(a.size for a in after_a), mismatched
 
 
 def train_steps(trainer, steps):

@@ -122,7 +122,12 @@ class Trainer:
     def _gradients(self, source_ids, target_input_ids, target_output_ids):
         """Gradients of one microbatch's summed loss, and its Totals."""
         with tf.GradientTape() as tape:
-            logits = self.model((source_ids, target_input_ids), training=True)
+            if self.run.jit_compile:  # XLA needs static shapes: the padded batch
+                logits = self.model((source_ids, target_input_ids), training=True)
+            else:  # nothing computed at padding
+                logits, packing = self.model.packed_logits((source_ids, target_input_ids),
+                                                           training=True)
+                target_output_ids = packing.pack(target_output_ids)
             loss_sum, tokens = label_smoothed_cross_entropy(target_output_ids, logits,
                                                             self.model.config.label_smoothing)
             scaled = (self.optimizer.scale_loss(loss_sum) if self.loss_scaled

@@ -52,7 +52,9 @@ class Validator:
     def _batch_sums(self, source_ids, target_input_ids, target_output_ids):
         """float32 [3]: one batch's summed loss, target tokens and correct tokens (one
         graph per batch, the loss included: no eager ops over [batch, length, vocab])."""
-        logits = self.model((source_ids, target_input_ids), training=False)
+        logits, packing = self.model.packed_logits((source_ids, target_input_ids),
+                                                   training=False)
+        target_output_ids = packing.pack(target_output_ids)  # [tokens]
         loss, tokens = label_smoothed_cross_entropy(target_output_ids, logits,
                                                     self.model.config.label_smoothing)
         return tf.stack([loss, tokens, correct_tokens(target_output_ids, logits)])
