@@ -49,7 +49,9 @@ class Batch:
         return self.source_ids.size + self.target_output_ids.size
 
     def flops(self, config) -> int:
-        return update_flops(config, self.shape[0], self.shape[1], self.target_output_ids.shape[1])
+        return update_flops(config, self.shape[0], self.shape[1], self.target_output_ids.shape[1],
+                            np.count_nonzero(self.source_ids),
+                            np.count_nonzero(self.target_output_ids))
 
 
 
@@ -78,7 +80,7 @@ class Ours:
         source, target_in, target_out = (tf.constant(x) for x in dataclasses.astuple(batch))
         cached = iter(t.strategy.distribute_datasets_from_function(
             lambda _: tf.data.Dataset.from_tensors(((source, target_in), target_out)).repeat()))
-        forward = tf.function(lambda s, t_in: t.model((s, t_in), training=True))
+        forward = tf.function(lambda s, t_in: t.model.packed_logits((s, t_in), training=True)[0])
         return {
             "forward": lambda: forward(source, target_in).numpy(),
             "forward + backward": lambda: [g.numpy() for g in t.gradients(

@@ -33,8 +33,9 @@ implementation runs one untimed pass over the pool (tracing, every shape once), 
 batch), so load from other processes falls on all of them alike. Every update is read back
 (loss to the host) before the next, as Trainer.train does.
 
-Model FLOPs: machine.update_flops (PaLM appendix B: matmuls only, on padded positions,
-backward = 2x forward; the formula is in bench/machine.py), one count for all three.
+Model FLOPs: machine.update_flops (PaLM appendix B: matmuls only, position-wise ones on
+the tokens, attention on the padded blocks, backward = 2x forward; the formula is in
+bench/machine.py), one count for all: work done at padding is lost MFU.
 The causal half of self-attention is counted (every implementation computes it). MFU =
 model FLOP/s / the matmul peak of that precision: the best of TF's and torch's chained
 2048^3 matmuls (float32; bfloat16 in, bfloat16 out), measured at the start, before each

@@ -87,7 +87,8 @@ def main(argv=None):
                        for _ in range(args.repeats))
             columns.append((f"{precision} {name}", wall, *machine.kernel_profile(fn)))
 
-    flops = machine.forward_flops(config, args.batch, args.length, args.length)
+    tokens = args.batch * (args.length - args.length // 10)  # random_batch's padding
+    flops = machine.forward_flops(config, args.batch, args.length, args.length, tokens, tokens)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print()
     for name, value in (

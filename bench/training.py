@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 import keras
 import numpy as np
@@ -122,6 +122,7 @@ class Result:
     first_of_shape: List[float]  # seconds of the timed updates set apart
     shapes: collections.Counter  # (batch, length) -> timed updates
     breakdown: dict  # piece -> median ms, on a batch of shapes.most_common(1)
+    breakdown_flops: int = 0  # update_flops of that batch
 
     @property
     def cpu_busy(self) -> float:
@@ -158,8 +159,9 @@ def time_updates(trainer: Trainer, steps: int) -> List[Update]:
     return updates
 
 
-def breakdown(trainer: Trainer, data, shape, reps: int) -> dict:
-    """Median milliseconds of the pieces of one update on one cached batch of `shape`."""
+def breakdown(trainer: Trainer, data, shape, reps: int) -> Tuple[dict, int]:
+    """Median milliseconds of the pieces of one update on one cached batch of `shape`, and
+    the batch's update_flops."""
     for batch in data.train_dataset():  # the first batch of the wanted shape
         if tuple(batch[1].shape) == shape:
             break
@@ -177,7 +179,10 @@ def breakdown(trainer: Trainer, data, shape, reps: int) -> dict:
             lambda: trainer.accumulate(next(cached)), reps),
         "apply (all-reduce, Adam)": median_seconds(trainer.apply, reps),
     }
-    return {name: 1000 * seconds for name, seconds in ms.items()}
+    flops = update_flops(trainer.model.config, *source_ids.shape, target_input_ids.shape[1],
+                         int(tf.math.count_nonzero(source_ids)),
+                         int(tf.math.count_nonzero(target_input_ids)))
+    return {name: 1000 * seconds for name, seconds in ms.items()}, flops
 
 
 def run_precision(precision: str, jit_compile: bool, data, model_config, args, peak):
@@ -210,19 +215,20 @@ def run_precision(precision: str, jit_compile: bool, data, model_config, args, p
         if not steady:  # too few timed updates to set any apart
             steady, first_of_shape = first_of_shape, []
         shapes = collections.Counter((batch.batch, batch.source_len) for batch in batches)
-        pieces = {}
+        pieces, pieces_flops = {}, 0
         if args.breakdown_reps:
-            pieces = breakdown(trainer, data, shapes.most_common(1)[0][0], args.breakdown_reps)
+            pieces, pieces_flops = breakdown(trainer, data, shapes.most_common(1)[0][0],
+                                             args.breakdown_reps)
     return Result(
         precision, jit_compile, peak, updates=len(steady),
         seconds=sum(u.seconds for u, _ in steady),
         cpu_seconds=sum(u.cpu_seconds for u, _ in steady),
         real_tokens=sum(u.tokens for u, _ in steady),
         padded_tokens=sum(b.batch * (b.source_len + b.target_len) for _, b in steady),
-        flops=sum(update_flops(model_config, *b[:3]) for _, b in steady),
+        flops=sum(update_flops(model_config, *b) for _, b in steady),
         first_loss=warmup[0].loss, mean_loss=statistics.mean(u.loss for u in timed),
         last_loss=timed[-1].loss, first_of_shape=[u.seconds for u, _ in first_of_shape],
-        shapes=shapes, breakdown=pieces)
+        shapes=shapes, breakdown=pieces, breakdown_flops=pieces_flops)
 
 
 # ---------------------------------------------------------------- report
@@ -348,9 +354,8 @@ def main(argv=None):
             if not r.breakdown:
                 continue
             batch, length = r.shapes.most_common(1)[0][0]
-            flops = update_flops(model_config, batch, length, length)
             seconds = r.breakdown["forward + backward"] / 1000
-            mfu = percent(flops / seconds / 1e9 / r.peak if r.peak else None)
+            mfu = percent(r.breakdown_flops / seconds / 1e9 / r.peak if r.peak else None)
             print(f"| {r.precision} | {'yes' if r.jit_compile else 'no'} | {batch}x{length} | "
                   + " | ".join(f"{r.breakdown[n]:,.0f}" for n in names) + f" | {mfu} |")
 
