@@ -37,10 +37,10 @@ class Packing:
     def __init__(self, ids):
         self.shape = tf.shape(ids)  # [2]: batch, length
         real = tf.reshape(tf.not_equal(ids, PAD_ID), [-1])  # [batch * length]
-        # Both directions are gathers, forward and backward (tf.scatter_nd and the
-        # gradients of tf.gather are serial scatters on a CPU): `_rows` picks the tokens
-        # out of the flattened batch, `_slots` every position's token, or for padding the
-        # zero row after the last token.
+        # Both directions are gathers, forward and backward: unpacking with tf.scatter_nd
+        # cost a CPU step as much as the padding saved (bench/README.md). `_rows` picks
+        # the tokens out of the flattened batch, `_slots` every position's token, or for
+        # padding the zero row after the last token.
         self._rows = tf.cast(tf.where(real)[:, 0], tf.int32)  # [tokens]
         self.num_tokens = tf.size(self._rows)
         self._slots = tf.where(real, tf.cumsum(tf.cast(real, tf.int32)) - 1,
