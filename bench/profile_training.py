@@ -87,8 +87,10 @@ def main(argv=None):
                        for _ in range(args.repeats))
             columns.append((f"{precision} {name}", wall, *machine.kernel_profile(fn)))
 
-    tokens = args.batch * (args.length - args.length // 10)  # random_batch's padding
-    flops = machine.forward_flops(config, args.batch, args.length, args.length, tokens, tokens)
+    (source_ids, _), target_output_ids = batch
+    flops = machine.forward_flops(config, args.batch, args.length, args.length,
+                                  int(tf.math.count_nonzero(source_ids)),
+                                  int(tf.math.count_nonzero(target_output_ids)))
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print()
     for name, value in (
