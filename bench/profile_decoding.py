@@ -18,6 +18,7 @@ import collections
 import os
 import platform
 import shlex
+import statistics
 import sys
 import time
 from typing import Dict, Tuple
@@ -36,6 +37,21 @@ def profile(function, texts, repeats: int) -> Tuple[float, Dict[str, Tuple[float
     function(inputs=inputs)  # warm-up: thread pools, first-call allocations
     wall = min(machine.seconds(lambda: function(inputs=inputs)) for _ in range(repeats))
     return (wall, *machine.kernel_profile(lambda: function(inputs=inputs)))
+
+
+def interleaved(functions, texts, batch_size, rounds):
+    """Seconds [rounds, len(functions)]: each round translates all of texts in batches of
+    batch_size, every function in turn on each batch, the first alternating by round."""
+    batches = [tf.constant(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size)]
+    for function in functions:
+        function(inputs=batches[0])
+    seconds = [[0.0] * len(functions) for _ in range(rounds)]
+    for round_ in range(rounds):
+        order = list(range(len(functions)))[::1 if round_ % 2 == 0 else -1]
+        for batch in batches:
+            for j in order:
+                seconds[round_][j] += machine.seconds(lambda: functions[j](inputs=batch))
+    return seconds
 
 
 def print_table(title, results, top):
@@ -76,16 +92,20 @@ def main(argv=None):
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--top", type=int, default=14, help="Op types listed.")
+    parser.add_argument("--rounds", type=int, default=4, help="With --compare: passes "
+                        "over --src, the two exports taking turns batch by batch.")
     args = parser.parse_args(argv)
     with open(args.src, encoding="utf-8") as f:
         texts = f.read().splitlines()
     exports = [("this", args.saved_model)] + ([("compare", args.compare)] if args.compare
                                               else [])
-    batch, single = [], []
+    batch, single, functions = [], [], []
     for label, path in exports:
         function = tf.saved_model.load(path).signatures["serving_default"]
+        functions.append(function)
         batch.append((label, *profile(function, texts[:args.batch_size], args.repeats)))
         single.append((label, *profile(function, texts[:1], args.repeats)))
+    seconds = interleaved(functions, texts, args.batch_size, args.rounds) if args.compare else []
 
     print()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -101,6 +121,17 @@ def main(argv=None):
     print_table(f"serving_default, the first {args.batch_size} test2016 sentences in one "
                 "call, beam 4", batch, args.top)
     print_table("serving_default, the first test2016 sentence alone, beam 4", single, args.top)
+    if seconds:
+        print(f"**serving_default on all {len(texts)} sentences in batches of "
+              f"{args.batch_size}, the two exports taking turns batch by batch**\n")
+        print("| round | this, sentences/s | compare, sentences/s | this / compare |")
+        print("|---:|---:|---:|---:|")
+        ratios = []
+        for round_, (this, compare) in enumerate(seconds, 1):
+            ratios.append(compare / this)
+            print(f"| {round_} | {len(texts) / this:.1f} | {len(texts) / compare:.1f} | "
+                  f"{ratios[-1]:.3f}x |")
+        print(f"| median | | | {statistics.median(ratios):.3f}x |\n")
 
 
 if __name__ == "__main__":
