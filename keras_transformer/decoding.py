@@ -481,7 +481,7 @@ def _top_k(x, k):
     Returns (values float32 [rows, k], indices int32 [rows, k]).
     """
     vocab = x.shape[-1]
-    size = _group_size(vocab)
+    size = _group_size(vocab) if vocab is not None else None
     groups = vocab // size if size else 0
     if not size or (not tf.is_tensor(k) and k > groups):
         return tf.math.top_k(x, k)
