@@ -57,8 +57,9 @@ class SharedEmbedding(keras.layers.Layer):
         d_model] in the compute dtype (the embedding's rows) and "projection", its
         transpose [d_model, vocab_size], made once: a matmul with it is faster at every
         step than one with transpose_b (64 test2016 sentences, `small`, an Ice Lake Xeon:
-        the projection's kernels 185 -> 161 ms, bench/profile_decoding.py), for a
-        transpose (3 ms there) that about evens out on a single sentence."""
+        the projection's kernels 185 -> 161 ms, bench/profile_decoding.py). A single
+        sentence pays the transpose (3 ms there) for no gain that profile could see at
+        4 rows."""
         matrix = tf.cast(tf.convert_to_tensor(self.embeddings), self.compute_dtype)
         return {"matrix": matrix, "projection": tf.transpose(matrix)}
 
