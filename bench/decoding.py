@@ -8,7 +8,8 @@ Measures, on Multi30k test2016 English sources (or --src):
      alternate rounds (best of --repeats each), translate_with_options given the same
      settings as request inputs (beam_size 4, alpha 0.6, max_extra_length 50, one
      hypothesis, no prefix), whether its outputs are identical, and its greedy
-     (beam_size 1) and sampling (top_p 0.9) requests;
+     (beam_size 1) and sampling (unrestricted, top_k 10, top_p 0.9) requests; with
+     --previous_saved_model, that export's sampling requests too, in the same rounds;
   2. with --model_dir: on the first --uncached_sentences sentences, the SavedModel again
      and the same translation in-process with the key/value cache and without it (every
      step recomputes the decoder over the whole prefix);
@@ -68,21 +69,27 @@ REQUESTS = {
     "translate_with_options, beam 1 (greedy)": ("translate_with_options", dict(
         beam_size=tf.constant(1), alpha=tf.constant(0.0), max_extra_length=tf.constant(50),
         num_hypotheses=tf.constant(1))),
-    "sample, top_p 0.9": ("sample", dict(
+    **{f"sample, {name}": ("sample", dict(
         num_hypotheses=tf.constant(1), max_extra_length=tf.constant(50),
-        temperature=tf.constant(1.0), top_k=tf.constant(0), top_p=tf.constant(0.9),
-        seed=tf.constant(0, tf.int64))),
+        temperature=tf.constant(1.0), top_k=tf.constant(top_k), top_p=tf.constant(top_p),
+        seed=tf.constant(0, tf.int64)))
+       for name, top_k, top_p in (("unrestricted", 0, 1.0), ("top_k 10", 10, 1.0),
+                                  ("top_p 0.9", 0, 0.9))},
 }
 
 
-def signature_rows(loaded, texts, batch_size, repeats, processor):
+def signature_rows(loaded, texts, batch_size, repeats, processor, previous=None):
     """Table rows (name, sentences, best seconds, target tokens) of serving_default and the
-    REQUESTS, timed in alternate rounds; and whether translate_with_options at beam 4 gave
-    serving_default's translations."""
+    REQUESTS, timed in alternate rounds; whether translate_with_options at beam 4 gave
+    serving_default's translations; and, for `previous` (another loaded export, whose
+    sample REQUESTS join the rounds), how many of each request's translations are this
+    export's."""
     runs = {"SavedModel serving_default, beam 4": (loaded.signatures["serving_default"], {})}
     for name, (signature, options) in REQUESTS.items():
         if signature in loaded.signatures:
             runs[f"SavedModel {name}"] = (loaded.signatures[signature], options)
+        if previous is not None and signature == "sample" and signature in previous.signatures:
+            runs[f"previous export's {name}"] = (previous.signatures[signature], options)
     best, outputs = {}, {}
     for _ in range(repeats):
         for name, (translate, options) in runs.items():
@@ -92,7 +99,12 @@ def signature_rows(loaded, texts, batch_size, repeats, processor):
             for name in runs]
     names = list(runs)
     same = len(names) > 1 and outputs[names[0]] == outputs[names[1]]
-    return rows, same
+    agreeing = {}
+    for name in runs:
+        if name.startswith("previous export's "):
+            ours = outputs["SavedModel " + name.removeprefix("previous export's ")]
+            agreeing[name] = sum(a == b for a, b in zip(outputs[name], ours))
+    return rows, same, agreeing
 
 
 def target_tokens(processor, translations) -> int:
@@ -162,6 +174,9 @@ def main(argv=None):
     parser.add_argument("--lengths", default="8,16,32,64,120")
     parser.add_argument("--repeats", type=int, default=3,
                         help="Rounds of the signature comparison (best of each).")
+    parser.add_argument("--previous_saved_model",
+                        help="Another export (e.g. the same weights exported by the previous "
+                             "code): its sample requests are timed in the same rounds.")
     args = parser.parse_args(argv)
 
     with open(args.src, encoding="utf-8") as f:
@@ -175,7 +190,10 @@ def main(argv=None):
         vocabulary = os.path.join(version_dir, "assets", "spm_target.model")
     processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary)
 
-    rows, same = signature_rows(loaded, texts, args.batch_size, args.repeats, processor)
+    previous = (tf.saved_model.load(saved_model.resolve(args.previous_saved_model))
+                if args.previous_saved_model else None)
+    rows, same, agreeing = signature_rows(loaded, texts, args.batch_size, args.repeats,
+                                          processor, previous)
     mean_output = rows[0][3] / len(texts)
 
     scaling = None
@@ -208,10 +226,13 @@ def main(argv=None):
                         ("tf-text", tensorflow_text.__version__),
                         ("keras", keras.__version__),
                         ("model", version_dir),
+                        ("previous", args.previous_saved_model
+                         and saved_model.resolve(args.previous_saved_model)),
                         ("data", f"{args.src} ({len(texts)} sentences, mean output "
                                  f"{mean_output:.1f} tokens)"),
                         ("command", "python " + " ".join(map(shlex.quote, sys.argv)))):
-        print(f"{name:>10}: {value}")
+        if value:
+            print(f"{name:>10}: {value}")
     print()
     print("| decoding | sentences | seconds | sentences/s | target tokens/s |")
     print("|---|---:|---:|---:|---:|")
@@ -221,6 +242,8 @@ def main(argv=None):
         print()
         print(f"translate_with_options (beam 4) / serving_default time: "
               f"{rows[1][2] / rows[0][2]:.3f}; identical translations: {'yes' if same else 'no'}")
+    for name, count in agreeing.items():
+        print(f"{name}: the same translation as this export's on {count} of {len(texts)}")
     if scaling:
         print()
         print(f"Forced-length greedy decoding, {args.length_batch} sources x 4 = {beam_rows} "

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import (EOS_ID, beam_search, greedy_search, sample_search,
-                               sequence_log_probs)
+                               sequence_log_probs, sampling)
 from test_decoding import (ANY_IDS, CONFIG, VOCAB, copy_batch, copy_model, decode,  # noqa: F401
                            exhaustive_beam_search, next_log_probs_of, recomputed_log_probs,
                            sources)
@@ -162,6 +162,46 @@ def test_every_sampled_token_lies_in_the_top_k_and_top_p_sets(copy_model):
                   temperature=temperature, top_k=2, top_p=0.9)
     ranks, before = restricted_sets(copy_model, batch, both, temperature)
     assert np.all(ranks < 2) and np.all((before < 0.9 + 1e-4) | (ranks == 0))
+
+
+def nucleus_of_a_sort(logits, top_k, top_p):
+    """_nucleus's kept tokens, bool [vocab], for one float64 row by a stable numpy sort;
+    None if a token's probability before it lies within 1e-5 of top_p (float32 may
+    round either way there)."""
+    order = np.argsort(-logits, kind="stable")
+    probs = np.exp(logits[order] - logits.max())
+    probs /= probs.sum()
+    before = np.cumsum(probs) - probs
+    if top_p < 1 and np.any(np.abs(before - top_p) < 1e-5):
+        return None
+    rank = np.arange(logits.size)
+    kept = (rank < (top_k if top_k > 0 else logits.size)) & (
+        (before < top_p) | (top_p >= 1) | (rank == 0))
+    return logits >= logits[order][kept].min()
+
+
+@pytest.mark.parametrize("rows", ["peaked", "peaked and flat"])
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (10, 1.0), (100, 1.0), (0, 0.9),
+                                          (3, 0.5), (100, 0.99), (0, 0.999)])
+def test_nucleus_keeps_the_sets_a_full_sort_gives(rows, top_k, top_p):
+    """Peaked rows: their nucleus lies in their NUCLEUS_WIDTH best tokens, all that
+    _nucleus ranks of them; a flat row's does not, and it must rank all of that row's."""
+    rng = np.random.default_rng(top_k)
+    scales = [8, 16, 30, 100] + ([0.5, 1] if rows == "peaked and flat" else [])
+    logits = rng.normal(size=(len(scales), 2000)) * np.array(scales)[:, None]
+    logits[0, :4] = logits[0].max()  # ties at the top
+    logits = logits.astype("float32")
+    kept = np.isfinite(sampling._nucleus(tf.constant(logits), tf.constant(top_k),
+                                         tf.constant(top_p)).numpy())
+    compared = 0
+    for row, expected in enumerate(nucleus_of_a_sort(x, top_k, top_p)
+                                   for x in logits.astype("float64")):
+        if expected is not None:
+            np.testing.assert_array_equal(kept[row], expected, err_msg=f"row {row}")
+            compared += 1
+    assert compared >= len(scales) - 1
+    if top_k == 0 and top_p == 1.0:
+        assert kept.all(), "1 keeps every token, however small its probability"
 
 
 def test_sampled_log_probs_are_the_models_at_temperature_1(copy_model, sources):
