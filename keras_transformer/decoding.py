@@ -26,13 +26,13 @@ every target), EOS 3. Outputs never contain PAD or BOS before their EOS; every o
 which is forced at a sentence's maximum length.
 """
 
-import math
 from typing import NamedTuple
 
 import tensorflow as tf
 
 from keras_transformer.masking import padding_mask
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
+from keras_transformer.ranking import top_k
 from keras_transformer.transformer import shift_right
 # Section 6.1: outputs are at most input length + 50 tokens.
 EXTRA_LENGTH = 50
@@ -453,7 +453,7 @@ def _best_extensions(log_probs, live_log_probs, length, max_lengths, k, vocab):
     # suffice, plus 2 for PAD and BOS: two small top-ks instead of masking, adding to
     # and ranking all beam * vocab candidates.
     per_beam = tf.minimum(k + 2, vocab) if tf.is_tensor(k) else min(k + 2, vocab)
-    best, tokens = _top_k(log_probs, per_beam)  # [n * beam, per_beam]
+    best, tokens = top_k(log_probs, per_beam)  # [n * beam, per_beam]
     best = tf.where((tokens == PAD_ID) | (tokens == BOS_ID), float("-inf"), best)
     # At its maximum length a sentence may only end: EOS is each beam's one candidate.
     at_max = tf.repeat(length >= max_lengths, beam)[:, None]  # [n * beam, 1]
@@ -466,50 +466,6 @@ def _best_extensions(log_probs, live_log_probs, length, max_lengths, k, vocab):
                                        k)
     tokens = tf.gather(tf.reshape(tokens, tf.stack([n, beam * per_beam])), top, batch_dims=1)
     return top_log_probs, top // per_beam, tokens
-
-
-def _top_k(x, k):
-    """tf.math.top_k(x, k) for x float32 [rows, vocab]: the same values, indices and
-    order (ties: lower index first), in two small passes: the vocabulary's groups of
-    about sqrt(vocab) entries ranked by their largest, then the k best entries of the
-    k best groups. The k best entries lie in those groups: a group outside them has k
-    groups above it, whose largest entries all rank above any of its own. A k above the
-    number of groups, or a vocab with no divisor within 2x of its root (or unknown),
-    takes tf.math.top_k itself. On 64 test2016 sentences (`small`, 8,000 pieces, an Ice Lake Xeon)
-    the top-k kernels took 80 ms of a 890 ms search in one pass, 21 ms in two
-    (bench/profile_decoding.py).
-
-    Returns (values float32 [rows, k], indices int32 [rows, k]).
-    """
-    vocab = x.shape[-1]
-    size = _group_size(vocab) if vocab is not None else None
-    groups = vocab // size if size else 0
-    if not size or (not tf.is_tensor(k) and k > groups):
-        return tf.math.top_k(x, k)
-    rows = tf.shape(x)[0]
-
-    def two_passes():
-        grouped = tf.reshape(x, [rows, groups, size])
-        _, best_groups = tf.math.top_k(tf.reduce_max(grouped, axis=-1), k)
-        # In index order, so that top-k's ties still go to the lower index.
-        best_groups = tf.sort(best_groups, axis=-1)  # [rows, k]
-        candidates = tf.reshape(tf.gather(grouped, best_groups, batch_dims=1),
-                                tf.stack([rows, k * size]))
-        values, position = tf.math.top_k(candidates, k)
-        return values, tf.gather(best_groups, position // size, batch_dims=1) * size + (
-            position % size)
-
-    if tf.is_tensor(k):
-        return tf.cond(k <= groups, two_passes, lambda: tuple(tf.math.top_k(x, k)))
-    return two_passes()
-
-
-def _group_size(vocab):
-    """The divisor of vocab nearest sqrt(vocab) within a factor of 2, or None."""
-    root = math.sqrt(vocab)
-    sizes = [size for size in range(max(2, math.ceil(root / 2)), math.floor(2 * root) + 1)
-             if vocab % size == 0]
-    return min(sizes, key=lambda size: abs(size - root)) if sizes else None
 
 
 def _allowed(log_probs, length, max_lengths):
