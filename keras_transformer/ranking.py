@@ -1,7 +1,7 @@
 """The k largest entries of each row of a vocabulary-wide tensor, as tf.math.top_k gives
 them, in two small passes instead of one over every entry: what beam search
-(keras_transformer/decoding.py) ranks its candidates by. TensorFlow's CPU top-k walks every
-entry of a row one at a time."""
+(keras_transformer/decoding.py) and sampling's top-k / top-p (sampling.py) rank by.
+TensorFlow's CPU top-k walks every entry of a row one at a time."""
 
 import math
 
@@ -13,18 +13,19 @@ def top_k(x, k):
     order (ties: lower index first), in two small passes: the vocabulary's groups of
     about sqrt(vocab) entries ranked by their largest, then the k best entries of the
     k best groups. The k best entries lie in those groups: a group outside them has k
-    groups above it, whose largest entries all rank above any of its own. A k above the
-    number of groups, or a vocab with no divisor within 2x of its root (or unknown),
-    takes tf.math.top_k itself. On 64 test2016 sentences (`small`, 8,000 pieces, an Ice
-    Lake Xeon) beam search's top-k kernels took 80 ms of a 890 ms search in one pass,
-    21 ms in two (bench/profile_decoding.py).
+    groups above it, whose largest entries all rank above any of its own. A k above half
+    the number of groups, or a vocab with no divisor within 2x of its root (or unknown),
+    takes tf.math.top_k itself: on [64, 8,000] (80 groups) two passes took 1.1 against
+    2.4 ms for k = 10 and broke even at k = 50 (one-off timings, an Ice Lake Xeon). On
+    64 test2016 sentences (`small`) beam search's top-k kernels took 80 ms of a 890 ms
+    search in one pass, 21 ms in two (bench/profile_decoding.py).
 
     Returns (values float32 [rows, k], indices int32 [rows, k]).
     """
     vocab = x.shape[-1]
     size = group_size(vocab) if vocab is not None else None
     groups = vocab // size if size else 0
-    if not size or (not tf.is_tensor(k) and k > groups):
+    if not size or (not tf.is_tensor(k) and 2 * k > groups):
         return tf.math.top_k(x, k)
     rows = tf.shape(x)[0]
 
@@ -40,7 +41,7 @@ def top_k(x, k):
             position % size)
 
     if tf.is_tensor(k):
-        return tf.cond(k <= groups, two_passes, lambda: tuple(tf.math.top_k(x, k)))
+        return tf.cond(2 * k <= groups, two_passes, lambda: tuple(tf.math.top_k(x, k)))
     return two_passes()
 
 

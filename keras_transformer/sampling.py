@@ -7,6 +7,7 @@ place of the argmax, so it takes the same target prefix and settings as scalar t
 
 import tensorflow as tf
 
+from keras_transformer import ranking
 from keras_transformer.decoding import (EXTRA_LENGTH, DecodeResult, most_probable,
                                         single_path_search)
 
@@ -107,7 +108,7 @@ def _nucleus(logits, top_k=0, top_p=1.0):
     def keep_best(rows, width):
         """(rows [n, vocab] restricted by ranking their `width` best, those tokens'
         probability [n]): exact when width >= k or that probability reaches top_p."""
-        descending, _ = tf.math.top_k(rows, width)  # [n, width]
+        descending, _ = ranking.top_k(rows, width)  # [n, width]
         probs = tf.exp(descending - tf.reduce_logsumexp(rows, axis=-1, keepdims=True))
         # Probability of the tokens ranked before each one: a token is in the nucleus
         # when those fall short of top_p.
