@@ -85,11 +85,13 @@ def signature_rows(loaded, texts, batch_size, repeats, processor, previous=None)
     sample REQUESTS join the rounds), how many of each request's translations are this
     export's."""
     runs = {"SavedModel serving_default, beam 4": (loaded.signatures["serving_default"], {})}
+    twins = {}  # a previous export's run -> this export's
     for name, (signature, options) in REQUESTS.items():
         if signature in loaded.signatures:
             runs[f"SavedModel {name}"] = (loaded.signatures[signature], options)
         if previous is not None and signature == "sample" and signature in previous.signatures:
             runs[f"previous export's {name}"] = (previous.signatures[signature], options)
+            twins[f"previous export's {name}"] = f"SavedModel {name}"
     best, outputs = {}, {}
     for _ in range(repeats):
         for name, (translate, options) in runs.items():
@@ -99,11 +101,8 @@ def signature_rows(loaded, texts, batch_size, repeats, processor, previous=None)
             for name in runs]
     names = list(runs)
     same = len(names) > 1 and outputs[names[0]] == outputs[names[1]]
-    agreeing = {}
-    for name in runs:
-        if name.startswith("previous export's "):
-            ours = outputs["SavedModel " + name.removeprefix("previous export's ")]
-            agreeing[name] = sum(a == b for a, b in zip(outputs[name], ours))
+    agreeing = {name: sum(a == b for a, b in zip(outputs[name], outputs[ours]))
+                for name, ours in twins.items()}
     return rows, same, agreeing
 
 
@@ -190,8 +189,9 @@ def main(argv=None):
         vocabulary = os.path.join(version_dir, "assets", "spm_target.model")
     processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary)
 
-    previous = (tf.saved_model.load(saved_model.resolve(args.previous_saved_model))
-                if args.previous_saved_model else None)
+    previous_dir = (saved_model.resolve(args.previous_saved_model)
+                    if args.previous_saved_model else None)
+    previous = tf.saved_model.load(previous_dir) if previous_dir else None
     rows, same, agreeing = signature_rows(loaded, texts, args.batch_size, args.repeats,
                                           processor, previous)
     mean_output = rows[0][3] / len(texts)
@@ -226,8 +226,7 @@ def main(argv=None):
                         ("tf-text", tensorflow_text.__version__),
                         ("keras", keras.__version__),
                         ("model", version_dir),
-                        ("previous", args.previous_saved_model
-                         and saved_model.resolve(args.previous_saved_model)),
+                        ("previous", previous_dir),
                         ("data", f"{args.src} ({len(texts)} sentences, mean output "
                                  f"{mean_output:.1f} tokens)"),
                         ("command", "python " + " ".join(map(shlex.quote, sys.argv)))):
