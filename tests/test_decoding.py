@@ -184,8 +184,11 @@ def test_model_max_length_caps_the_output(search):
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_beam_search_is_never_worse_than_greedy(copy_model, beam_size, alpha):
     # Not a theorem for beam_size > 1 (a beam can prune the greedy prefix), but a
-    # search that loses good hypotheses, or ranks them wrongly, fails it.
-    sources = copy_batch(np.random.default_rng(2), batch=16)
+    # search that loses good hypotheses, or ranks them wrongly, fails it. 64 sentences:
+    # how often greedy misses the best output depends on the trained copy model, which
+    # differs by CPU (oneDNN kernels); the beam improved 6-11 of 64 on an AMD EPYC, where
+    # on 16 it improved none.
+    sources = copy_batch(np.random.default_rng(2), batch=64)
     beam = decode(beam_search, copy_model, sources, beam_size=beam_size, alpha=alpha)
     greedy = decode(greedy_search, copy_model, sources, alpha=alpha)
     assert np.all(beam.scores[:, 0] >= greedy.scores[:, 0] - 1e-5)
