@@ -31,8 +31,8 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from keras_transformer.masking import padding_mask
-from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 from keras_transformer.ranking import top_k
+from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 from keras_transformer.transformer import shift_right
 # Section 6.1: outputs are at most input length + 50 tokens.
 EXTRA_LENGTH = 50
