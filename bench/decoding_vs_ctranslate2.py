@@ -9,20 +9,25 @@ One run measures, on Multi30k test2016 (1,000 sentences), beam 4, alpha 0.6, bat
     `translate_batch` with SentencePiece encoding and decoding in Python around it;
   - single-sentence latency, p50 and p95 over the first --latency_sentences sentences sent
     one request at a time, in file order and sorted by length, with 2 threads and with 1
-    (CTranslate2 with 2 OpenMP threads is 4x slower on one sentence than with 1 here);
+    (CTranslate2's OpenMP threads cost more than they bring on one sentence on some hosts);
   - sacreBLEU and chrF of each system's translations against the references.
 
 Rows: each SavedModel given (--saved_model float32, --saved_model_bfloat16 from
 `python -m trainer.export --precision=bfloat16`, --previous_saved_model: the same checkpoints
-exported by earlier code, for a before/after in one run; --xla: --saved_model's translate_xla,
-its single-sentence shapes warmed up before timing) and the CTranslate2 model directory of the
+exported by earlier code, for a before/after in one run; --xla: the translate_xla signature of
+--saved_model and --saved_model_bfloat16, both exported with --xla, its single-sentence shapes
+warmed up before timing) and the CTranslate2 model directory of the
 same checkpoints (`python -m trainer.export --format=ctranslate2 --quantization=float32`)
-loaded with compute_type float32, int8 and bfloat16 (where the CPU has it). CTranslate2 uses its length penalty
+loaded with compute_type float32, int8 and bfloat16 (where the CPU has it). With --env
+NAME=VALUE (repeatable), each serving_default row is run a second time with those variables
+set in its process (a serving environment, such as TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1), and the table
+counts the translations identical to the row without them. CTranslate2 uses its length penalty
 (log-prob / length^alpha, ours ((5 + length) / 6)^alpha), suppresses <pad> and <s> (never
 in our outputs) and may stop at 127 tokens (ours: source + 50, at most 127).
 
   python bench/decoding_vs_ctranslate2.py --saved_model=EXPORT/1 \\
-      --saved_model_bfloat16=EXPORT_BF16/1 --ctranslate2=CT2_DIR
+      --saved_model_bfloat16=EXPORT_BF16/1 --ctranslate2=CT2_DIR \\
+      [--env=TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1]
 """
 
 import argparse
@@ -41,9 +46,10 @@ import sentencepiece
 
 MULTI30K = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
                         "data", "multi30k")
-LATENCY_THREADS = (2, 1)  # CTranslate2's OpenMP pays for a second thread on one sentence
+LATENCY_THREADS = (2, 1)  # a second thread costs TensorFlow more than it brings on one sentence
 PREVIOUS = "float32, previous code"  # the --previous_saved_model row
-XLA = "float32, translate_xla"  # the --xla row: the float32 export's XLA signature
+# The --xla rows: each export's XLA signature.
+XLA = {"float32": "float32, translate_xla", "bfloat16": "bfloat16, translate_xla"}
 
 
 def saved_model_translator(path: str, threads: int, signature: str = "serving_default"
@@ -115,11 +121,12 @@ def worker(args):
             return
     else:
         paths = {"float32": args.saved_model, "bfloat16": args.saved_model_bfloat16,
-                 PREVIOUS: args.previous_saved_model, XLA: args.saved_model}
+                 PREVIOUS: args.previous_saved_model, XLA["float32"]: args.saved_model,
+                 XLA["bfloat16"]: args.saved_model_bfloat16}
         translate = saved_model_translator(paths[precision], threads,
-                                           "translate_xla" if precision == XLA
+                                           "translate_xla" if precision in XLA.values()
                                            else "serving_default")
-        if precision == XLA:
+        if precision in XLA.values():
             # A compile per batch size (up to XLA_MAX_BATCH; larger requests run
             # serving_default's search) and source-width bucket: warm the single-sentence
             # shapes up first, as a server's warmup requests would.
@@ -139,6 +146,7 @@ def worker(args):
             args.repeats)
         result["bleu"] = sacrebleu.corpus_bleu(outputs, [references]).score
         result["chrf"] = sacrebleu.corpus_chrf(outputs, [references]).score
+        result["outputs"] = outputs
     first = texts[:args.latency_sentences]
     result["latency"] = latency(translate, first)
     result["sorted_latency"] = latency(translate, sorted(first, key=lambda t: len(t.split())))
@@ -152,7 +160,7 @@ def main(argv=None):
                         "--precision=bfloat16.")
     parser.add_argument("--previous_saved_model", help="A float32 export of the same "
                         "checkpoints by earlier code (a before/after row in the same run).")
-    parser.add_argument("--xla", action="store_true", help="Also time --saved_model's "
+    parser.add_argument("--xla", action="store_true", help="Also time the exports' "
                         "translate_xla signature (exported with --xla).")
     parser.add_argument("--ctranslate2", required=True, help="The same checkpoints "
                         "exported with --format=ctranslate2 --quantization=float32.")
@@ -161,30 +169,43 @@ def main(argv=None):
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--latency_sentences", type=int, default=200)
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="Also run each SavedModel row with this environment variable "
+                        "set in its process (repeatable: all of them in one more row).")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # engine:precision:threads
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
 
-    systems = [("this project, SavedModel", "saved_model", "float32")]
-    if args.saved_model_bfloat16:
-        systems.append(("this project, SavedModel", "saved_model", "bfloat16"))
-    if args.previous_saved_model:
-        systems.append(("this project, SavedModel", "saved_model", PREVIOUS))
-    if args.xla:
-        systems.append(("this project, SavedModel", "saved_model", XLA))
-    systems += [("CTranslate2", "ctranslate2", c) for c in ("float32", "int8", "bfloat16")]
+    bad = [e for e in args.env if "=" not in e]
+    if bad:
+        parser.error(f"--env takes NAME=VALUE, not {bad[0]!r}")
+    exports = ["float32"] + (["bfloat16"] if args.saved_model_bfloat16 else [])
+    ours = exports + ([PREVIOUS] if args.previous_saved_model else []) + (
+        [XLA[p] for p in exports] if args.xla else [])
+    # (name, engine, precision, environment, row label)
+    systems = [("this project, SavedModel", "saved_model", p, {}, p) for p in ours]
+    if args.env:  # serving_default's rows again, in that environment
+        env = dict(e.split("=", 1) for e in args.env)
+        systems += [("this project, SavedModel", "saved_model", p, env,
+                     f"{p}, {' '.join(args.env)}") for p in exports]
+    systems += [("CTranslate2", "ctranslate2", c, {}, c)
+                for c in ("float32", "int8", "bfloat16")]
     results = {}
-    for name, engine, precision in systems:
+    for name, engine, precision, env, label in systems:
         for threads in LATENCY_THREADS:
             # Each in a fresh process: its own thread pools, and no TensorFlow beside
             # CTranslate2.
             out = subprocess.run([sys.executable, __file__, *sys.argv[1:],
                                   f"--worker={engine}:{precision}:{threads}"],
-                                 check=True, capture_output=True, text=True).stdout
-            results[name, precision, threads] = json.loads(out.strip().splitlines()[-1])
-            print(f"  {name}, {precision}, {threads} threads: {results[name, precision, threads]}",
-                  file=sys.stderr)
+                                 check=True, capture_output=True, text=True,
+                                 env={**os.environ, **env}).stdout
+            result = results[name, label, threads] = json.loads(out.strip().splitlines()[-1])
+            if env and "outputs" in result:
+                plain = results[name, precision, threads]["outputs"]
+                result["identical"] = sum(a == b for a, b in zip(result["outputs"], plain))
+            print(f"  {name}, {label}, {threads} threads: "
+                  f"{ {k: v for k, v in result.items() if k != 'outputs'} }", file=sys.stderr)
 
     import machine  # TensorFlow, for the matmul peak and the machine line
     import tensorflow as tf
@@ -207,13 +228,17 @@ def main(argv=None):
     print(f"Throughput (2 threads, best of {args.repeats}, text in and out) and quality:")
     print()
     print("| system | precision | sentences/s, file order | sentences/s, sorted by length | "
-          "x CTranslate2 float32 | sacreBLEU | chrF |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+          "x CTranslate2 float32 | sacreBLEU | chrF |" + (" identical to the row without "
+                                                          "--env |" if args.env else ""))
+    print("|---|---|---:|---:|---:|---:|---:|" + ("---:|" if args.env else ""))
     reference = results["CTranslate2", "float32", 2]["file_rate"]
     for (name, precision, threads), r in results.items():
         if threads == 2 and "skipped" not in r:
+            identical = (f" {r['identical']} of {len(r['outputs'])} |" if "identical" in r
+                         else " |" if args.env else "")
             print(f"| {name} | {precision} | {r['file_rate']:.1f} | {r['sorted_rate']:.1f} | "
-                  f"{r['file_rate'] / reference:.2f}x | {r['bleu']:.2f} | {r['chrf']:.2f} |")
+                  f"{r['file_rate'] / reference:.2f}x | {r['bleu']:.2f} | {r['chrf']:.2f} |"
+                  + identical)
     print()
     print(f"Single-sentence latency, p50 / p95 ms over the first {args.latency_sentences} "
           "sentences, one request at a time:")
