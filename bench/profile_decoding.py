@@ -10,7 +10,7 @@ On 2 cores TensorFlow runs two ops at once, so kernel time can exceed wall time;
 "executor" row is the time the executor threads spent outside any kernel (scheduling,
 allocation, the while loop's control flow): per-op dispatch. Not a test: run it by hand,
 
-  python bench/profile_decoding.py --saved_model=EXPORT [--compare=OLD_EXPORT]
+  python bench/profile_decoding.py --saved_model=EXPORT [--compare=OLD_EXPORT] [--threads=1]
 """
 
 import argparse
@@ -94,7 +94,10 @@ def main(argv=None):
     parser.add_argument("--top", type=int, default=14, help="Op types listed.")
     parser.add_argument("--rounds", type=int, default=4, help="With --compare: passes "
                         "over --src, the two exports taking turns batch by batch.")
+    parser.add_argument("--threads", type=int, default=0, help="TensorFlow's intra- and "
+                        "inter-op threads (0: one per core).")
     args = parser.parse_args(argv)
+    machine.set_threads(args.threads)
     with open(args.src, encoding="utf-8") as f:
         texts = f.read().splitlines()
     exports = [("this", args.saved_model)] + ([("compare", args.compare)] if args.compare
@@ -113,6 +116,10 @@ def main(argv=None):
                         ("python", platform.python_version()),
                         ("tensorflow", tf.__version__),
                         ("tf-text", tensorflow_text.__version__),
+                        ("threads", args.threads or "default"),
+                        ("oneDNN env", " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
+                                                if k.startswith(("TF_ONEDNN", "TF_ENABLE_ONEDNN")))
+                         or "-"),
                         ("this", args.saved_model),
                         ("compare", args.compare or "-"),
                         ("command", "python " + " ".join(map(shlex.quote, sys.argv)))):
