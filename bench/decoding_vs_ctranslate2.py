@@ -16,11 +16,11 @@ Rows: each SavedModel given (--saved_model float32, --saved_model_bfloat16 from
 `python -m trainer.export --precision=bfloat16`, --previous_saved_model: the same checkpoints
 exported by earlier code, for a before/after in one run; --xla: the translate_xla signature of
 --saved_model and --saved_model_bfloat16, both exported with --xla, its single-sentence shapes
-warmed up before timing) and the CTranslate2 model directory of the
-same checkpoints (`python -m trainer.export --format=ctranslate2 --quantization=float32`)
-loaded with compute_type float32, int8 and bfloat16 (where the CPU has it). With --env
-NAME=VALUE (repeatable), each serving_default row is run a second time with those variables
-set in its process (a serving environment, such as TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1), and the table
+warmed up before timing) and the CTranslate2 model directory of the same checkpoints
+(`python -m trainer.export --format=ctranslate2 --quantization=float32`) loaded with
+compute_type float32, int8 and bfloat16 (where the CPU has it). With --env NAME=VALUE
+(repeatable), each serving_default row is run a second time with those variables set in its
+process (a serving environment, such as TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1), and the table
 counts the translations identical to the row without them. CTranslate2 uses its length penalty
 (log-prob / length^alpha, ours ((5 + length) / 6)^alpha), suppresses <pad> and <s> (never
 in our outputs) and may stop at 127 tokens (ours: source + 50, at most 127).
@@ -46,7 +46,7 @@ import sentencepiece
 
 MULTI30K = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared",
                         "data", "multi30k")
-LATENCY_THREADS = (2, 1)  # a second thread costs TensorFlow more than it brings on one sentence
+LATENCY_THREADS = (2, 1)  # on one sentence a second thread can cost more than it brings
 PREVIOUS = "float32, previous code"  # the --previous_saved_model row
 # The --xla rows: each export's XLA signature.
 XLA = {"float32": "float32, translate_xla", "bfloat16": "bfloat16, translate_xla"}
@@ -170,8 +170,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--latency_sentences", type=int, default=200)
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                        help="Also run each SavedModel row with this environment variable "
-                        "set in its process (repeatable: all of them in one more row).")
+                        help="Also run each serving_default row with this environment "
+                        "variable set in its process (repeatable: all of them in one more "
+                        "row each).")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # engine:precision:threads
     args = parser.parse_args(argv)
     if args.worker:
