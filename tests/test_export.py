@@ -147,7 +147,7 @@ calls = {"serving_default": {"inputs": batch["inputs"]},
          "translate_with_options": {**batch, **scalars(request["translate_with_options"])},
          "sample": {**batch, **scalars(request["sample"])}}
 # Every signature answers another request first: with TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1,
-# oneDNN keeps the first right-hand operand each MatMul kernel saw, so a matmul whose
+# oneDNN keeps the right-hand side each matmul + bias kernel saw first, so one whose
 # right-hand side is not a weight would answer this request with the other one's.
 for name, kwargs in calls.items():
     model.signatures[name](**{k: tf.reverse(v, [0]) if v.shape.rank else v
@@ -176,8 +176,8 @@ OPTIONS = {"translate_with_options": {"beam_size": 2, "alpha": 1.0, "max_extra_l
                          ids=["default", "frozen_weights"])
 def test_a_python_with_only_tensorflow_and_tensorflow_text_translates_as_in_process(
         exported, translator, tmp_path, serving_env):
-    """Also with the README's serving environment (oneDNN caching every MatMul's
-    right-hand operand as a frozen weight): the same translations and scores."""
+    """Also with the README's serving environment (oneDNN keeping the right-hand side a
+    matmul + bias kernel saw first, as a frozen weight): the same translations and scores."""
     texts = sources(12) + [""]
     prefixes = [""] * 10 + ["zwei", "", "drei"]
     script = tmp_path / "consumer.py"
