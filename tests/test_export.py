@@ -129,6 +129,7 @@ def test_warmup_file_holds_a_request_per_signature_that_the_export_answers(expor
 
 _FRESH_CONSUMER = r"""
 import json, sys
+import numpy as np
 import tensorflow as tf
 import tensorflow_text  # registers the SentencePiece ops
 model = tf.saved_model.load(sys.argv[1])
@@ -145,24 +146,29 @@ def scalars(options):  # the signatures' dtypes: seed int64, floats float32, the
 batch = {"inputs": tf.constant(texts), "target_prefix": tf.constant(request["prefixes"])}
 calls = {"serving_default": {"inputs": batch["inputs"]},
          "translate_with_options": {**batch, **scalars(request["translate_with_options"])},
-         "sample": {**batch, **scalars(request["sample"])}}
-# Every signature answers another request first: with TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1,
-# oneDNN keeps the right-hand side each matmul + bias kernel saw first, so one whose
-# right-hand side is not a weight would answer this request with the other one's.
+         "sample": {**batch, **scalars(request["sample"])},
+         "nbest": {"inputs": batch["inputs"]},
+         "score": {"inputs": batch["inputs"], "targets": tf.constant(request["targets"])},
+         "attention": {"inputs": batch["inputs"]}}
+# Every signature answers another request first (the batch reversed: the same shapes, for
+# a float32 kernel re-lays its weight out at a new shape): with
+# TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1, oneDNN keeps the right-hand side each matmul + bias
+# kernel saw first, so one whose right-hand side is not a weight would answer this request
+# with the other one's (unless that side ignores the order of the sentences).
 for name, kwargs in calls.items():
     model.signatures[name](**{k: tf.reverse(v, [0]) if v.shape.rank else v
                               for k, v in kwargs.items()})
 outputs = {name: model.signatures[name](**kwargs) for name, kwargs in calls.items()}
 
 
-def texts_of(strings):  # tf.string [batch] or [batch, k] -> nested lists of str
-    return [[t.decode() for t in row] if isinstance(row, list) else row.decode()
-            for row in strings.numpy().tolist()]
+def plain(value):  # a tensor -> nested lists, strings decoded
+    value = value.numpy()
+    return np.char.decode(value.astype(bytes)).tolist() if value.dtype == object else (
+        value.tolist())
 
 
 assert "keras_transformer" not in sys.modules and "trainer" not in sys.modules
-print(json.dumps({name: {"translations": texts_of(out["translations"]),
-                         "scores": out["scores"].numpy().tolist()}
+print(json.dumps({name: {key: plain(value) for key, value in out.items()}
                   for name, out in outputs.items()}))
 """
 # What the consumer passes the options signatures (the same seed as in this process).
@@ -175,16 +181,19 @@ OPTIONS = {"translate_with_options": {"beam_size": 2, "alpha": 1.0, "max_extra_l
 @pytest.mark.parametrize("serving_env", [{}, {"TF_ONEDNN_ASSUME_FROZEN_WEIGHTS": "1"}],
                          ids=["default", "frozen_weights"])
 def test_a_python_with_only_tensorflow_and_tensorflow_text_translates_as_in_process(
-        exported, translator, tmp_path, serving_env):
+        exported, translator, loaded, tmp_path, serving_env):
     """Also with the README's serving environment (oneDNN keeping the right-hand side a
-    matmul + bias kernel saw first, as a frozen weight): the same translations and scores."""
+    matmul + bias kernel saw first, as a frozen weight): the same translations and scores
+    as the translator, and nbest, score and attention answer as in this process."""
     texts = sources(12) + [""]
     prefixes = [""] * 10 + ["zwei", "", "drei"]
+    targets = [t.decode() for t in translator.translate(tf.constant(texts))[
+        "translations"].numpy().tolist()]
     script = tmp_path / "consumer.py"
     script.write_text(_FRESH_CONSUMER)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(TF_CPP_MIN_LOG_LEVEL="2", **serving_env)
-    request = {"texts": texts, "prefixes": prefixes, **OPTIONS}
+    request = {"texts": texts, "prefixes": prefixes, "targets": targets, **OPTIONS}
     result = run([sys.executable, str(script), str(exported.version_dir)], cwd=tmp_path,
                  input=json.dumps(request).encode(), env=env)
     served = json.loads(result.stdout.decode().strip().splitlines()[-1])
@@ -203,6 +212,17 @@ def test_a_python_with_only_tensorflow_and_tensorflow_text_translates_as_in_proc
         np.testing.assert_allclose(served[name]["scores"], expected["scores"].numpy(),
                                    rtol=1e-4, atol=1e-5)
     assert served["serving_default"]["translations"][-1] == ""
+    for name, inputs in (("nbest", {"inputs": texts}), ("attention", {"inputs": texts}),
+                         ("score", {"inputs": texts, "targets": targets})):
+        expected = loaded.signatures[name](**{k: tf.constant(v) for k, v in inputs.items()})
+        assert sorted(served[name]) == sorted(expected), name
+        for key, value in expected.items():
+            if value.dtype == tf.string:
+                assert served[name][key] == np.char.decode(
+                    value.numpy().astype(bytes)).tolist(), (name, key)
+            else:
+                np.testing.assert_allclose(served[name][key], value.numpy(), rtol=1e-4,
+                                           atol=1e-5, err_msg=f"{name} {key}")
 
 
 # TF Serving's C++ loader, like TF1's, runs the SavedModel's restore op in a session; the
