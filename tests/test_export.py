@@ -216,13 +216,20 @@ def test_a_python_with_only_tensorflow_and_tensorflow_text_translates_as_in_proc
                          ("score", {"inputs": texts, "targets": targets})):
         expected = loaded.signatures[name](**{k: tf.constant(v) for k, v in inputs.items()})
         assert sorted(served[name]) == sorted(expected), name
-        for key, value in expected.items():
-            if value.dtype == tf.string:
-                assert served[name][key] == np.char.decode(
-                    value.numpy().astype(bytes)).tolist(), (name, key)
-            else:
-                np.testing.assert_allclose(served[name][key], value.numpy(), rtol=1e-4,
-                                           atol=1e-5, err_msg=f"{name} {key}")
+        _assert_answers(served[name], expected, name)
+
+
+def _assert_answers(answer, expected, name):
+    """answer ({output: nested lists, strings decoded}, from another process) holds
+    expected's outputs (the in-process signature's tensors): strings equal, numbers
+    within 1e-4 relative / 1e-5 absolute."""
+    for key, value in expected.items():
+        if value.dtype == tf.string:
+            assert answer[key] == np.char.decode(value.numpy().astype(bytes)).tolist(), (
+                name, key)
+        else:
+            np.testing.assert_allclose(answer[key], value.numpy(), rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{name} {key}")
 
 
 # TF Serving's C++ loader, like TF1's, runs the SavedModel's restore op in a session; the
@@ -265,12 +272,7 @@ def test_tf_servings_session_loader_answers_every_warmup_request_as_tf2_does(exp
         name = request.model_spec.signature_name
         expected = loaded.signatures[name](**{k: tf.constant(tf.make_ndarray(v))
                                               for k, v in request.inputs.items()})
-        for key, value in expected.items():
-            if value.dtype == tf.string:
-                assert answers[name][key] == np.char.decode(value.numpy().astype(bytes)).tolist()
-            else:
-                np.testing.assert_allclose(answers[name][key], value.numpy(), rtol=1e-4,
-                                           atol=1e-5, err_msg=f"{name} {key}")
+        _assert_answers(answers[name], expected, name)
 
 
 def test_saved_model_cli_runs_the_readmes_translate_with_options_request(exported, loaded,
