@@ -37,23 +37,65 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_layer=Non
     return ops.einsum("bhqk,bhkd->bhqd", attended, value), weights
 
 
+# A decoding step of at most this many rows (4 sentences of 4 beams) attends with
+# elementwise ops: oneDNN splits each of its batched matmuls and softmaxes over the
+# intra-op threads, and on small tensors waking the other thread costs more than the op
+# (bench/README.md, "Attention without oneDNN for small steps"). Larger steps, and small
+# ones with a single thread (by a few microseconds), are faster with the matmuls.
+ELEMENTWISE_MAX_ROWS = 16
+
+
 def _step_attention(query, key, value, mask=None):
     """softmax(Q K^T) V for a decoding step, the queries already scaled by 1 / sqrt(d_k)
     (MultiHeadAttention.step_weights): the ops of `scaled_dot_product_attention` in
-    inference, without Keras' shape plumbing.
+    inference, without Keras' shape plumbing, as batched matmuls or, for a step of at most
+    ELEMENTWISE_MAX_ROWS rows, as elementwise products and sums rounded as the matmuls
+    round (the two agree up to the order of float32 sums).
 
     Args:
-      query: [batch, heads, q_len, d_k]; key: [batch, heads, k_len, d_k];
-      value: [batch, heads, k_len, d_v]; mask: bool broadcastable to
-      [batch, heads, q_len, k_len], or None.
+      query: [groups, queries, heads, d_k], the queries of a group sharing its keys (a
+        row's one in self-attention, a sentence's beams in cross-attention).
+      key: [groups, heads, k_len, d_k]; value: [groups, heads, k_len, d_v].
+      mask: bool [groups, 1, 1, k_len] or [k_len], True may attend; or None.
     Returns:
-      [batch, heads, q_len, d_v].
+      [groups, queries, heads, d_v].
     """
-    logits = tf.cast(tf.matmul(query, key, transpose_b=True), tf.float32)
+    rows = tf.shape(query)[0] * tf.shape(query)[1]
+    return tf.cond(rows <= ELEMENTWISE_MAX_ROWS,
+                   lambda: _elementwise_attention(query, key, value, mask),
+                   lambda: _matmul_attention(query, key, value, mask))
+
+
+def _matmul_attention(query, key, value, mask):
+    """_step_attention as two batched matmuls around a softmax."""
+    def swap(x):  # [groups, a, b, d] -> [groups, b, a, d]; a reshape if a or b is 1
+        a, b = x.shape[1], x.shape[2]
+        if 1 in (a, b) and None not in (a, b):
+            return tf.reshape(x, [-1, b, a, x.shape[3]])
+        return tf.transpose(x, [0, 2, 1, 3])
+
+    logits = tf.cast(tf.matmul(swap(query), key, transpose_b=True), tf.float32)
     if mask is not None:
         logits = tf.where(mask, logits, MASKED_LOGIT)
-    weights = tf.nn.softmax(logits, axis=-1)  # [batch, heads, q_len, k_len]
-    return tf.matmul(tf.cast(weights, value.dtype), value)
+    weights = tf.nn.softmax(logits, axis=-1)  # [groups, heads, queries, k_len]
+    return swap(tf.matmul(tf.cast(weights, value.dtype), value))
+
+
+def _elementwise_attention(query, key, value, mask):
+    """_step_attention as float32 products and sums: each query against its group's keys
+    by broadcasting, [groups, queries, heads, k_len, d]."""
+    dtype = query.dtype
+
+    def rounded(x):  # to what a matmul in the compute dtype returns
+        return tf.cast(tf.cast(x, dtype), tf.float32)
+
+    query, key, value = (tf.cast(x, tf.float32) for x in (query, key, value))
+    logits = rounded(tf.reduce_sum(query[:, :, :, None] * key[:, None], axis=-1))
+    if mask is not None:
+        logits = tf.where(mask, logits, MASKED_LOGIT)  # [groups, queries, heads, k_len]
+    weights = tf.exp(logits - tf.reduce_max(logits, axis=-1, keepdims=True))
+    weights = rounded(weights / tf.reduce_sum(weights, axis=-1, keepdims=True))
+    return tf.cast(tf.reduce_sum(weights[..., None] * value[:, None], axis=-2), dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -215,7 +257,7 @@ class MultiHeadAttention(keras.layers.Layer):
             written = (position == index)[:, None]  # [width, 1]
             key, value = tf.where(written, new_key, key), tf.where(written, new_value, value)
             mask = position <= index
-        heads = _step_attention(tf.reshape(query, [-1, h, 1, d_k]), key, value, mask)
+        heads = _step_attention(tf.reshape(query, [-1, 1, h, d_k]), key, value, mask)
         return self._step_output(tf.reshape(heads, [-1, h * d_v]), weights), key, value
 
     def cross_attention_step(self, x, key, value, mask, weights):
@@ -233,11 +275,9 @@ class MultiHeadAttention(keras.layers.Layer):
         h, d_k, d_v = self.num_heads, self.key_dim, self.value_dim
         query = tf.nn.bias_add(tf.matmul(x, weights["input_kernel"]),
                                weights["input_bias"])  # [rows, h * d_k]
-        # -> [groups, heads, rows / groups, d_k]
-        query = tf.transpose(tf.reshape(query, [tf.shape(key)[0], -1, h, d_k]), [0, 2, 1, 3])
-        heads = _step_attention(query, key, value, mask)  # [groups, heads, beams, d_v]
-        heads = tf.reshape(tf.transpose(heads, [0, 2, 1, 3]), [-1, h * d_v])
-        return self._step_output(heads, weights)
+        query = tf.reshape(query, [tf.shape(key)[0], -1, h, d_k])  # [groups, beams, h, d_k]
+        heads = _step_attention(query, key, value, mask)  # [groups, beams, heads, d_v]
+        return self._step_output(tf.reshape(heads, [-1, h * d_v]), weights)
 
     @staticmethod
     def _step_output(heads, weights):

@@ -2,8 +2,10 @@
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from keras_transformer import MultiHeadAttention, causal_mask, padding_mask
+from keras_transformer.attention import ELEMENTWISE_MAX_ROWS
 
 
 def numpy_softmax(x):
@@ -75,3 +77,52 @@ def test_attention_weights_are_float32_distributions_under_mixed_precision():
 def test_d_model_not_divisible_by_heads_is_an_error():
     with pytest.raises(ValueError, match="divisible"):
         MultiHeadAttention(num_heads=3, d_model=16)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "mixed_bfloat16"])
+def test_a_decoding_step_answers_each_sentence_as_it_would_alone(dtype):
+    """A step of more than ELEMENTWISE_MAX_ROWS rows attends with batched matmuls, a smaller
+    one with elementwise ops: both must give full attention's answer, and a sentence's
+    answer must not depend on the batch it came in (bfloat16: rounded as the matmuls
+    round; without that rounding, half of the outputs differed)."""
+    rng = np.random.default_rng(4)
+    sentences, beams, d_model, past = 5, 4, 32, 6
+    assert sentences * beams > ELEMENTWISE_MAX_ROWS >= beams
+    rows = sentences * beams
+    x = rng.normal(size=(rows, d_model)).astype("float32")
+    history = rng.normal(size=(rows, past, d_model)).astype("float32")
+    memory = rng.normal(size=(sentences, 7, d_model)).astype("float32")
+    ids = (np.arange(7) < rng.integers(1, 8, size=(sentences, 1))).astype("int32")
+    self_mha = MultiHeadAttention(num_heads=4, d_model=d_model, dtype=dtype)
+    cross_mha = MultiHeadAttention(num_heads=4, d_model=d_model, dtype=dtype)
+    sequence = np.concatenate([history, x[:, None]], axis=1)
+    full = {"self": self_mha(sequence, sequence, attention_mask=causal_mask(past + 1))[:, -1],
+            "cross": tf.reshape(cross_mha(x.reshape(sentences, beams, d_model), memory,
+                                          attention_mask=padding_mask(ids)), [rows, d_model])}
+    compute = self_mha.compute_dtype
+    history_kv = self_mha.project_key_value(tf.cast(history, compute))
+    memory_kv = cross_mha.project_key_value(tf.cast(memory, compute))
+    self_weights = self_mha.step_weights(self_attention=True)
+    cross_weights = cross_mha.step_weights(self_attention=False)
+
+    def step(sentence_slice):
+        row_slice = slice(sentence_slice.start * beams, sentence_slice.stop * beams)
+        x_rows = tf.cast(x[row_slice], compute)
+        return {"self": self_mha.self_attention_step(
+                    x_rows, *(t[row_slice] for t in history_kv), self_weights)[0],
+                "cross": cross_mha.cross_attention_step(
+                    x_rows, *(t[sentence_slice] for t in memory_kv),
+                    padding_mask(ids[sentence_slice]), cross_weights)}
+
+    together = step(slice(0, sentences))
+    alone = [step(slice(i, i + 1)) for i in range(sentences)]
+    for kind in ("self", "cross"):
+        batched = tf.cast(together[kind], tf.float32).numpy()
+        single = np.concatenate([tf.cast(a[kind], tf.float32).numpy() for a in alone])
+        if dtype == "float32":
+            np.testing.assert_allclose(batched, full[kind], atol=1e-5)
+            np.testing.assert_allclose(single, full[kind], atol=1e-5)
+            np.testing.assert_allclose(single, batched, atol=1e-6)
+        else:
+            np.testing.assert_allclose(batched, tf.cast(full[kind], tf.float32), atol=0.1)
+            assert np.mean(single != batched) <= 0.01, kind
