@@ -40,8 +40,8 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_layer=Non
 # A decoding step of at most this many rows (4 sentences of 4 beams) attends with
 # elementwise ops: oneDNN splits each of its batched matmuls and softmaxes over the
 # intra-op threads, and on small tensors waking the other thread costs more than the op
-# (bench/README.md, "Attention without oneDNN for small steps"). Larger steps, and small
-# ones with a single thread (by a few microseconds), are faster with the matmuls.
+# (bench/README.md, "Attention without oneDNN for small steps"). Larger steps are faster
+# with the matmuls, and so are small ones with a single thread (by 7-25 us a call).
 ELEMENTWISE_MAX_ROWS = 16
 
 
