@@ -86,8 +86,8 @@ def main(argv=None):
     columns = {}
     for threads in (1, args.threads):
         command = [sys.executable, __file__, "--worker", f"--threads={threads}",
-                   *(a for a in (argv if argv is not None else sys.argv[1:])
-                     if not a.startswith("--threads"))]
+                   *(f"--{name}={value}" for name, value in vars(args).items()
+                     if name not in ("threads", "worker"))]
         worker = subprocess.run(command, capture_output=True, text=True, check=True,
                                 env=os.environ)
         columns[threads] = json.loads(worker.stdout.strip().splitlines()[-1])
