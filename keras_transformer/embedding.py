@@ -54,13 +54,16 @@ class SharedEmbedding(keras.layers.Layer):
 
     def step_weights(self):
         """What incremental decoding reads, read once per search: "matrix" [vocab_size,
-        d_model] in the compute dtype (the embedding's rows) and "projection", its
-        transpose [d_model, vocab_size], made once: a matmul with it is faster at every
-        step than one with transpose_b (64 test2016 sentences, `small`, an Ice Lake Xeon:
-        the projection's kernels 185 -> 161 ms, bench/profile_decoding.py). A single
-        sentence pays the transpose (3 ms there) for no gain that profile could see at
-        4 rows."""
+        d_model] in the compute dtype (the embedding's rows) and, in float32, "projection",
+        its transpose [d_model, vocab_size], made once: in float32 a matmul with it is
+        faster at every step than one with transpose_b (64 test2016 sentences, `small`, an
+        Ice Lake Xeon: the projection's kernels 185 -> 161 ms, bench/profile_decoding.py).
+        In bfloat16 oneDNN reads the matrix with transpose_b as fast, and skipping the
+        transpose (about 1 ms a search) took 2.3 ms off one sentence with two threads on an
+        AMD EPYC (bench/README.md)."""
         matrix = tf.cast(tf.convert_to_tensor(self.embeddings), self.compute_dtype)
+        if matrix.dtype != tf.float32:
+            return {"matrix": matrix}
         return {"matrix": matrix, "projection": tf.transpose(matrix)}
 
     def step(self, ids, weights):
@@ -70,7 +73,9 @@ class SharedEmbedding(keras.layers.Layer):
 
     def step_logits(self, x, weights):
         """`logits` in incremental decoding: [rows, d_model] -> float32 [rows, vocab_size]."""
-        return tf.cast(tf.matmul(x, weights["projection"]), tf.float32)
+        if "projection" in weights:
+            return tf.cast(tf.matmul(x, weights["projection"]), tf.float32)
+        return tf.cast(tf.matmul(x, weights["matrix"], transpose_b=True), tf.float32)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.d_model,)
