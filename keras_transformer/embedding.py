@@ -58,9 +58,9 @@ class SharedEmbedding(keras.layers.Layer):
         its transpose [d_model, vocab_size], made once: in float32 a matmul with it is
         faster at every step than one with transpose_b (64 test2016 sentences, `small`, an
         Ice Lake Xeon: the projection's kernels 185 -> 161 ms, bench/profile_decoding.py).
-        In bfloat16 oneDNN reads the matrix with transpose_b as fast, and skipping the
-        transpose (about 1 ms a search) took 2.3 ms off one sentence with two threads on an
-        AMD EPYC (bench/README.md)."""
+        Other compute dtypes read the matrix with transpose_b: in bfloat16 oneDNN does that
+        as fast, and skipping the transpose (about 1 ms a search) took 2.3 ms off one
+        sentence with two threads on an AMD EPYC (bench/README.md)."""
         matrix = tf.cast(tf.convert_to_tensor(self.embeddings), self.compute_dtype)
         if matrix.dtype != tf.float32:
             return {"matrix": matrix}
