@@ -54,17 +54,25 @@ class SharedEmbedding(keras.layers.Layer):
 
     def step_weights(self):
         """What incremental decoding reads, read once per search: "matrix" [vocab_size,
-        d_model] in the compute dtype (the embedding's rows) and, in float32, "projection",
-        its transpose [d_model, vocab_size], made once: in float32 a matmul with it is
-        faster at every step than one with transpose_b (64 test2016 sentences, `small`, an
-        Ice Lake Xeon: the projection's kernels 185 -> 161 ms, bench/profile_decoding.py).
-        Other compute dtypes read the matrix with transpose_b: in bfloat16 oneDNN does that
-        as fast, and skipping the transpose (about 1 ms a search) took 2.3 ms off one
-        sentence with two threads on an AMD EPYC (bench/README.md)."""
+        d_model] in the compute dtype (the embedding's rows) and either
+
+        - in float32, "projection", its transpose [d_model, vocab_size], made once: in
+          float32 a matmul with it is faster at every step than one with transpose_b (64
+          test2016 sentences, `small`, an Ice Lake Xeon: the projection's kernels 185 ->
+          161 ms, bench/profile_decoding.py); or
+        - in other compute dtypes, "zero_bias" [vocab_size], zeros added to the logits.
+          The projection has no bias (section 3.4), but a matmul followed by a bias is
+          what TensorFlow hands to oneDNN's fused matmul, and that kernel keeps the
+          matrix in its own bfloat16 layout from one step to the next when serving runs
+          with TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1; the plain matmul lays it out again at
+          every step (4 MB in `small`). One sentence of `small`, two threads, an AMD EPYC: the
+          projection 514 -> 133 us a step. The matrix is read with transpose_b: in
+          bfloat16 oneDNN does that as fast, and it skips the transposed copy.
+        """
         matrix = tf.cast(tf.convert_to_tensor(self.embeddings), self.compute_dtype)
-        if matrix.dtype != tf.float32:
-            return {"matrix": matrix}
-        return {"matrix": matrix, "projection": tf.transpose(matrix)}
+        if matrix.dtype == tf.float32:
+            return {"matrix": matrix, "projection": tf.transpose(matrix)}
+        return {"matrix": matrix, "zero_bias": tf.zeros_like(matrix[:, 0])}
 
     def step(self, ids, weights):
         """`call` in incremental decoding: ids int [rows] -> [rows, d_model]."""
@@ -75,7 +83,8 @@ class SharedEmbedding(keras.layers.Layer):
         """`logits` in incremental decoding: [rows, d_model] -> float32 [rows, vocab_size]."""
         if "projection" in weights:
             return tf.cast(tf.matmul(x, weights["projection"]), tf.float32)
-        return tf.cast(tf.matmul(x, weights["matrix"], transpose_b=True), tf.float32)
+        logits = tf.matmul(x, weights["matrix"], transpose_b=True)
+        return tf.cast(tf.nn.bias_add(logits, weights["zero_bias"]), tf.float32)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.d_model,)

@@ -5,6 +5,7 @@ import dataclasses
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from keras_transformer import Transformer, TransformerConfig
 
@@ -70,6 +71,20 @@ def test_embeddings_are_shared_with_the_pre_softmax_projection(model):
     np.testing.assert_allclose(one, model.embedding.embeddings.numpy()[7] * np.sqrt(64),
                                rtol=1e-6)
 
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_the_decoding_steps_projection_gives_the_models_logits(model, policy):
+    """SharedEmbedding.step_logits, traced as the exported search traces it (in bfloat16
+    the zero bias that makes it a fused matmul), against `logits`."""
+    embedding = Transformer(CONFIG, dtype=policy).embedding
+    embedding.build()
+    embedding.set_weights(model.embedding.get_weights())
+    hidden = keras.ops.cast(np.random.default_rng(8).normal(size=(5, 64)), embedding.compute_dtype)
+    step = tf.function(lambda x: embedding.step_logits(x, embedding.step_weights()))(hidden)
+    assert step.dtype == "float32"
+    np.testing.assert_allclose(step, embedding.logits(hidden[None])[0],
+                               rtol=1e-5 if policy == "float32" else 1e-2, atol=1e-5)
 
 def test_dropout_is_active_only_in_training(model):
     source, target = random_batch(np.random.default_rng(5))
