@@ -10,6 +10,18 @@ from keras_transformer.dropout import Dropout
 from keras_transformer.masking import MASKED_LOGIT
 
 
+def _swap_length_and_heads(x):
+    """[batch, a, b, depth] -> [batch, b, a, depth]: between [batch, len, heads, depth]
+    and [batch, heads, len, depth].
+
+    An einsum, not a transpose: with oneDNN on, TensorFlow runs tf.transpose as a oneDNN
+    reorder built at every call, 26-49 us for one sentence's [1, 15, 4, 64] with two
+    threads, where the einsum's transpose takes 1-8 us. In training it is as fast in
+    float32 and faster in bfloat16 (bench/README.md, "Transposes as einsums").
+    """
+    return ops.einsum("xabd->xbad", x)
+
+
 def scaled_dot_product_attention(query, key, value, mask=None, dropout_layer=None,
                                  training=None):
     """softmax(Q K^T / sqrt(d_k)) V, section 3.2.1, with the softmax in float32.
@@ -72,7 +84,7 @@ def _matmul_attention(query, key, value, mask):
         a, b = x.shape[1], x.shape[2]
         if 1 in (a, b) and None not in (a, b):
             return tf.reshape(x, [-1, b, a, x.shape[3]])
-        return tf.transpose(x, [0, 2, 1, 3])
+        return _swap_length_and_heads(x)
 
     logits = tf.cast(tf.matmul(swap(query), key, transpose_b=True), tf.float32)
     if mask is not None:
@@ -167,7 +179,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if packing is not None:
             x = packing.unpack(x)
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
-        return ops.transpose(ops.reshape(x, (batch, length, self.num_heads, depth)), (0, 2, 1, 3))
+        return _swap_length_and_heads(ops.reshape(x, (batch, length, self.num_heads, depth)))
 
     def project_key_value(self, value, packing=None):
         """Per-head keys and values of `value` [batch, k_len, d_model] (or packed
@@ -193,7 +205,7 @@ class MultiHeadAttention(keras.layers.Layer):
             mask=attention_mask, dropout_layer=self.dropout_layer, training=training)
         batch, q_len = ops.shape(heads)[0], ops.shape(heads)[2]
         # [batch, heads, q_len, d_v] -> [batch, q_len, heads * d_v]
-        heads = ops.reshape(ops.transpose(heads, (0, 2, 1, 3)),
+        heads = ops.reshape(_swap_length_and_heads(heads),
                             (batch, q_len, self.num_heads * self.value_dim))
         if packing is not None:
             heads = packing.pack(heads)  # [tokens, heads * d_v]
