@@ -65,9 +65,10 @@ class SharedEmbedding(keras.layers.Layer):
           what TensorFlow hands to oneDNN's fused matmul, and that kernel keeps the
           matrix in its own bfloat16 layout from one step to the next when serving runs
           with TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1; the plain matmul lays it out again at
-          every step (4 MB in `small`). One sentence of `small`, two threads, an AMD EPYC: the
-          projection 514 -> 133 us a step. The matrix is read with transpose_b: in
-          bfloat16 oneDNN does that as fast, and it skips the transposed copy.
+          every step (4 MB in `small`). One sentence of `small`, two threads, an AMD
+          EPYC: the projection 514 -> 133 us a step (bench/README.md). The matrix is
+          read with transpose_b: in bfloat16 oneDNN does that as fast, and it skips the
+          transposed copy.
         """
         matrix = tf.cast(tf.convert_to_tensor(self.embeddings), self.compute_dtype)
         if matrix.dtype == tf.float32:

@@ -72,7 +72,6 @@ def test_embeddings_are_shared_with_the_pre_softmax_projection(model):
                                rtol=1e-6)
 
 
-
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_the_decoding_steps_projection_gives_the_models_logits(model, policy):
     """SharedEmbedding.step_logits, traced as the exported search traces it (in bfloat16
@@ -85,6 +84,7 @@ def test_the_decoding_steps_projection_gives_the_models_logits(model, policy):
     assert step.dtype == "float32"
     np.testing.assert_allclose(step, embedding.logits(hidden[None])[0],
                                rtol=1e-5 if policy == "float32" else 1e-2, atol=1e-5)
+
 
 def test_dropout_is_active_only_in_training(model):
     source, target = random_batch(np.random.default_rng(5))
