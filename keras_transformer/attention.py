@@ -14,11 +14,15 @@ def _swap_length_and_heads(x):
     """[batch, a, b, depth] -> [batch, b, a, depth]: between [batch, len, heads, depth]
     and [batch, heads, len, depth].
 
-    An einsum, not a transpose: with oneDNN on, TensorFlow runs tf.transpose as a oneDNN
-    reorder built at every call, 26-49 us for one sentence's [1, 15, 4, 64] with two
-    threads, where the einsum's transpose takes 1-8 us. In training it is as fast in
-    float32 and faster in bfloat16 (bench/README.md, "Transposes as einsums").
+    A reshape when a or b is statically 1 (nothing moves), else an einsum, not a
+    transpose: with oneDNN on, TensorFlow runs tf.transpose as a oneDNN reorder built at
+    every call, 26-49 us for one sentence's [1, 15, 4, 64] with two threads, where the
+    einsum's transpose takes 1-8 us. In training it is as fast in float32 and faster in
+    bfloat16 (bench/README.md, "Transposes as einsums").
     """
+    a, b, depth = x.shape[1], x.shape[2], x.shape[3]
+    if 1 in (a, b) and None not in (a, b, depth):
+        return ops.reshape(x, (-1, b, a, depth))
     return ops.einsum("xabd->xbad", x)
 
 
@@ -80,17 +84,12 @@ def _step_attention(query, key, value, mask=None):
 
 def _matmul_attention(query, key, value, mask):
     """_step_attention as two batched matmuls around a softmax."""
-    def swap(x):  # [groups, a, b, d] -> [groups, b, a, d]; a reshape if a or b is 1
-        a, b = x.shape[1], x.shape[2]
-        if 1 in (a, b) and None not in (a, b):
-            return tf.reshape(x, [-1, b, a, x.shape[3]])
-        return _swap_length_and_heads(x)
-
-    logits = tf.cast(tf.matmul(swap(query), key, transpose_b=True), tf.float32)
+    logits = tf.cast(tf.matmul(_swap_length_and_heads(query), key, transpose_b=True),
+                     tf.float32)
     if mask is not None:
         logits = tf.where(mask, logits, MASKED_LOGIT)
     weights = tf.nn.softmax(logits, axis=-1)  # [groups, heads, queries, k_len]
-    return swap(tf.matmul(tf.cast(weights, value.dtype), value))
+    return _swap_length_and_heads(tf.matmul(tf.cast(weights, value.dtype), value))
 
 
 def _elementwise_attention(query, key, value, mask):
