@@ -4,7 +4,8 @@ Runs `serving_default` under the TensorFlow profiler on Multi30k test2016 senten
 batch of --batch_size in file order, and one sentence alone) and sums the kernels' time
 by op type from the trace (`*.xplane.pb`). With --compare=OTHER_EXPORT the same calls
 profile a second SavedModel in the same run (an export of the previous code: the
-before/after table of a change).
+before/after table of a change), and the two then take turns on all of --src in batches and
+on its first sentences one request at a time.
 
 On 2 cores TensorFlow runs two ops at once, so kernel time can exceed wall time; the
 "executor" row is the time the executor threads spent outside any kernel (scheduling,
@@ -40,17 +41,18 @@ def profile(function, texts, repeats: int) -> Tuple[float, Dict[str, Tuple[float
 
 
 def interleaved(functions, texts, batch_size, rounds):
-    """Seconds [rounds, len(functions)]: each round translates all of texts in batches of
-    batch_size, every function in turn on each batch, the first alternating by round."""
+    """Seconds [rounds, len(functions), batches]: each round translates all of texts in
+    batches of batch_size, every function in turn on each batch, the first alternating by
+    round (so a drift of the machine's speed falls on both alike)."""
     batches = [tf.constant(texts[i:i + batch_size]) for i in range(0, len(texts), batch_size)]
     for function in functions:
         function(inputs=batches[0])
-    seconds = [[0.0] * len(functions) for _ in range(rounds)]
+    seconds = [[[] for _ in functions] for _ in range(rounds)]
     for round_ in range(rounds):
         order = list(range(len(functions)))[::1 if round_ % 2 == 0 else -1]
         for batch in batches:
             for j in order:
-                seconds[round_][j] += machine.seconds(lambda: functions[j](inputs=batch))
+                seconds[round_][j].append(machine.seconds(lambda: functions[j](inputs=batch)))
     return seconds
 
 
@@ -94,6 +96,11 @@ def main(argv=None):
     parser.add_argument("--top", type=int, default=14, help="Op types listed.")
     parser.add_argument("--rounds", type=int, default=4, help="With --compare: passes "
                         "over --src, the two exports taking turns batch by batch.")
+    parser.add_argument("--one_at_a_time", type=int, default=40, help="With --compare: "
+                        "the first this many sentences also one request at a time, the two "
+                        "exports taking turns request by request for --rounds + 3 rounds "
+                        "(one sentence's latency, which a best-of-3 on one sentence leaves "
+                        "to the machine's drift).")
     parser.add_argument("--threads", type=int, default=0, help="TensorFlow's intra- and "
                         "inter-op threads (0: one per core).")
     args = parser.parse_args(argv)
@@ -108,7 +115,10 @@ def main(argv=None):
         functions.append(function)
         batch.append((label, *profile(function, texts[:args.batch_size], args.repeats)))
         single.append((label, *profile(function, texts[:1], args.repeats)))
-    seconds = interleaved(functions, texts, args.batch_size, args.rounds) if args.compare else []
+    seconds, requests = [], []
+    if args.compare:
+        seconds = interleaved(functions, texts, args.batch_size, args.rounds)
+        requests = interleaved(functions, texts[:args.one_at_a_time], 1, args.rounds + 3)
 
     print()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -135,10 +145,24 @@ def main(argv=None):
         print("|---:|---:|---:|---:|")
         ratios = []
         for round_, (this, compare) in enumerate(seconds, 1):
+            this, compare = sum(this), sum(compare)
             ratios.append(compare / this)
             print(f"| {round_} | {len(texts) / this:.1f} | {len(texts) / compare:.1f} | "
                   f"{ratios[-1]:.3f}x |")
         print(f"| median | | | {statistics.median(ratios):.3f}x |\n")
+    if requests:
+        # Each sentence's best and median over the rounds, summed over the sentences.
+        per_request = [list(zip(*(round_[j] for round_ in requests))) for j in range(2)]
+        best, median = ([sum(map(statistic, times)) for times in per_request]
+                        for statistic in (min, statistics.median))
+        print(f"**serving_default on the first {args.one_at_a_time} sentences one request at "
+              f"a time, the two exports taking turns request by request, {len(requests)} "
+              "rounds**\n")
+        print("| each sentence's | this, ms (sum) | compare, ms (sum) | time, this / compare |")
+        print("|---|---:|---:|---:|")
+        for name, (this, compare) in (("best", best), ("median", median)):
+            print(f"| {name} | {this * 1e3:.0f} | {compare * 1e3:.0f} | {this / compare:.3f}x |")
+        print()
 
 
 if __name__ == "__main__":
