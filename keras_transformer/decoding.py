@@ -309,24 +309,22 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
             state = _gather_rows(state, tf.reshape(parents, [-1]))
             return (i + 1, sentences & ~done, live_seqs, live_log_probs, finished,
                     max_lengths, state, results)
-        searching = (sentences, live_seqs, live_log_probs, finished, max_lengths, parents,
-                     _sentence_state(state))
+        searching = (sentences, live_seqs, live_log_probs, finished, max_lengths, parents)
 
         def leave():  # the done sentences' results stored, the others' tensors kept
             kept = tf.cast(tf.where(~done)[:, 0], tf.int32)
             gone = tf.cast(tf.where(done)[:, 0], tf.int32)
             stored = _store(results, tf.gather(sentences, gone),
                             tf.nest.map_structure(lambda t: tf.gather(t, gone), finished))
-            return stored, tf.nest.map_structure(lambda t: tf.gather(t, kept), searching)
+            return (stored, tf.nest.map_structure(lambda t: tf.gather(t, kept), searching),
+                    _gather_sentences(state, kept))
 
         # Most steps no sentence is done: skip those ops then (a step's kernel count
         # is what one sentence's latency pays for, bench/README.md).
-        results, searching = tf.cond(tf.reduce_any(done), leave,
-                                     lambda: (results, searching))
-        (sentences, live_seqs, live_log_probs, finished, max_lengths, parents,
-         sentence_state) = searching
-        state = _gather_rows(_with_sentence_state(state, sentence_state),
-                             tf.reshape(parents, [-1]))
+        results, searching, state = tf.cond(tf.reduce_any(done), leave,
+                                            lambda: (results, searching, state))
+        sentences, live_seqs, live_log_probs, finished, max_lengths, parents = searching
+        state = _gather_rows(state, tf.reshape(parents, [-1]))
         return (i + 1, sentences, live_seqs, live_log_probs, finished, max_lengths, state,
                 results)
 
@@ -390,7 +388,7 @@ def _step_function(model, source_ids, width, use_cache, beam_size=1, fixed_shape
     row per beam and encoder-decoder ones a row per sentence; the weights the step reads
     (Transformer.step_weights) are read once, outside the loop. Without it:
     "source_ids" [batch, src_len] and "encoder_output" [batch, src_len, d_model].
-    `_gather_rows` reorders the beams' rows; `_sentence_state` holds the per-sentence ones.
+    `_gather_rows` reorders the beams' rows, `_gather_sentences` keeps some sentences.
     fixed_shapes: the cache has width + 1 positions from the start (see beam_search)."""
     encoder_output = model.encode(source_ids, training=False)
     if use_cache:
@@ -421,25 +419,16 @@ def _gather_rows(state, rows):
     return {**state, "cache": cache} if "cache" in state else state
 
 
-def _sentence_state(state):
-    """The state's per-sentence (encoder-side) tensors, a dict of the state's layout;
-    `_with_sentence_state` puts them back."""
-    parts = {name: state[name] for name in ("source_ids", "source_mask", "encoder_output")
-             if name in state}
+def _gather_sentences(state, sentences):
+    """The state of the sentences int32 [n'] only (the per-sentence tensors)."""
+    state = {**state, **{name: tf.gather(state[name], sentences)
+                         for name in ("source_ids", "source_mask", "encoder_output")
+                         if name in state}}
     if "cache" in state:
-        parts["cache"] = [{"cross_key": layer["cross_key"], "cross_value": layer["cross_value"]}
+        state["cache"] = [{**layer, "cross_key": tf.gather(layer["cross_key"], sentences),
+                           "cross_value": tf.gather(layer["cross_value"], sentences)}
                           for layer in state["cache"]]
-    return parts
-
-
-def _with_sentence_state(state, parts):
-    """The state with its per-sentence tensors replaced by `parts` (`_sentence_state`'s
-    layout, e.g. gathered for the sentences still searching)."""
-    merged = {**state, **parts}
-    if "cache" in state:
-        merged["cache"] = [{**layer, **part}
-                           for layer, part in zip(state["cache"], parts["cache"])]
-    return merged
+    return state
 
 
 def _growing(loop_vars):
