@@ -10,7 +10,14 @@ One run measures, on Multi30k test2016 (1,000 sentences), beam 4, alpha 0.6, bat
   - single-sentence latency, p50 and p95 over the first --latency_sentences sentences sent
     one request at a time, in file order and sorted by length, with 2 threads and with 1
     (CTranslate2's OpenMP threads cost more than they bring on one sentence on some hosts);
-  - sacreBLEU and chrF of each system's translations against the references.
+  - sacreBLEU and chrF of each system's translations against the references;
+  - the same single-sentence latency with two systems taking turns (--turns): our fastest
+    serving setup (the bfloat16 export if given, with the --env variables) and CTranslate2
+    float32, each in its own process and both loaded at once, send the same sentence one
+    after the other, request by request, the first to go alternating, with a pause between
+    requests so neither one's threads still spin in the other's time. This VM's speed
+    drifts by a third within minutes, which decides the ratio of two rows timed minutes
+    apart; taking turns, both see the same minutes.
 
 Rows: each SavedModel given (--saved_model float32, --saved_model_bfloat16 from
 `python -m trainer.export --precision=bfloat16`, --previous_saved_model: the same checkpoints
@@ -100,15 +107,21 @@ def throughput(translate, texts: List[str], batch_size: int, repeats: int):
     return len(texts) / best, outputs
 
 
-def latency(translate, texts: List[str]):
-    """(p50, p95) milliseconds of one-sentence requests, one at a time."""
-    translate(texts[:1])
-    times = sorted(seconds(lambda t=t: translate([t])) * 1e3 for t in texts)
+def percentiles(times: List[float]):
+    """(p50, p95) of a list of milliseconds."""
+    times = sorted(times)
     return statistics.median(times), times[int(round(0.95 * (len(times) - 1)))]
 
 
+def latency(translate, texts: List[str]):
+    """(p50, p95) milliseconds of one-sentence requests, one at a time."""
+    translate(texts[:1])
+    return percentiles([seconds(lambda t=t: translate([t])) * 1e3 for t in texts])
+
+
 def worker(args):
-    """One system at one thread count in this process; prints its results as JSON."""
+    """One system at one thread count in this process; prints its results as JSON, or
+    with --serve answers requests from standard input (see serve)."""
     engine, precision, threads = args.worker.split(":")
     threads = int(threads)
     with open(args.src, encoding="utf-8") as f:
@@ -135,6 +148,8 @@ def worker(args):
                 translate([text])
             print(f"translate_xla warm-up: {time.perf_counter() - start:.1f} s",
                   file=sys.stderr)
+    if args.serve:
+        return serve(translate, texts)
     result = {}
     if threads == 2:
         with open(args.ref, encoding="utf-8") as f:
@@ -151,6 +166,42 @@ def worker(args):
     result["latency"] = latency(translate, first)
     result["sorted_latency"] = latency(translate, sorted(first, key=lambda t: len(t.split())))
     print(json.dumps(result))
+
+
+def serve(translate, texts: List[str]):
+    """A turn-taking worker: warms up on the first sentence, prints "ready", then for each
+    line i on standard input translates texts[i] alone and prints the milliseconds it took,
+    until standard input closes."""
+    translate(texts[:1])
+    print("ready", flush=True)
+    for line in sys.stdin:
+        text = texts[int(line)]
+        print(f"{seconds(lambda: translate([text])) * 1e3:.3f}", flush=True)
+
+
+def taking_turns(commands, envs, sentences: int, pause: float):
+    """Milliseconds per sentence of each worker command, the workers (all loaded first)
+    translating sentences 0..sentences-1 in turn, the first to go alternating from one
+    sentence to the next, `pause` seconds between requests."""
+    workers = [subprocess.Popen(c, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, **e}) for c, e in zip(commands, envs)]
+    try:
+        for w in workers:
+            if w.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"worker {w.args[-1]} did not start")
+        times = [[] for _ in workers]
+        for i in range(sentences):
+            order = range(len(workers)) if i % 2 == 0 else reversed(range(len(workers)))
+            for k in order:
+                time.sleep(pause)
+                workers[k].stdin.write(f"{i}\n")
+                workers[k].stdin.flush()
+                times[k].append(float(workers[k].stdout.readline()))
+        return times
+    finally:
+        for w in workers:
+            w.stdin.close()
+            w.wait()
 
 
 def main(argv=None):
@@ -173,7 +224,14 @@ def main(argv=None):
                         help="Also run each serving_default row with this environment "
                         "variable set in its process (repeatable: all of them in one more "
                         "row each).")
+    parser.add_argument("--turns", action=argparse.BooleanOptionalAction, default=True,
+                        help="Also time one sentence with our fastest serving setup and "
+                        "CTranslate2 float32 taking turns request by request.")
+    parser.add_argument("--turn_pause", type=float, default=0.02,
+                        help="Seconds between two requests when taking turns (CTranslate2's "
+                        "OpenMP threads spin for a while after each call).")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # engine:precision:threads
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
@@ -207,6 +265,23 @@ def main(argv=None):
                 result["identical"] = sum(a == b for a, b in zip(result["outputs"], plain))
             print(f"  {name}, {label}, {threads} threads: "
                   f"{ {k: v for k, v in result.items() if k != 'outputs'} }", file=sys.stderr)
+
+    turns = {}
+    if args.turns:
+        fastest = exports[-1]  # bfloat16 when given
+        label = f"{fastest}, {' '.join(args.env)}" if args.env else fastest
+        env = dict(e.split("=", 1) for e in args.env)
+        for threads in LATENCY_THREADS:
+            commands = [[sys.executable, __file__, *sys.argv[1:], "--serve",
+                         f"--worker={engine}:{precision}:{threads}"]
+                        for engine, precision in (("saved_model", fastest),
+                                                  ("ctranslate2", "float32"))]
+            ours, theirs = taking_turns(commands, [env, {}], args.latency_sentences,
+                                        args.turn_pause)
+            turns[label, threads] = (percentiles(ours), percentiles(theirs),
+                                     statistics.median(a / b for a, b in zip(ours, theirs)))
+            print(f"  taking turns, {label}, {threads} threads: {turns[label, threads]}",
+                  file=sys.stderr)
 
     import machine  # TensorFlow, for the matmul peak and the machine line
     import tensorflow as tf
@@ -252,6 +327,17 @@ def main(argv=None):
         (p50, p95), (s50, s95) = r["latency"], r["sorted_latency"]
         print(f"| {name} | {precision} | {threads} | {p50:.1f} / {p95:.1f} | "
               f"{s50:.1f} / {s95:.1f} |")
+    if turns:
+        print()
+        print(f"The same, our SavedModel and CTranslate2 float32 taking turns request by "
+              f"request (file order, {args.turn_pause * 1e3:.0f} ms between requests):")
+        print()
+        print("| SavedModel | threads | SavedModel p50 / p95 | CTranslate2 float32 p50 / p95 | "
+              "p50 ratio | median of per-sentence ratios |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for (label, threads), ((o50, o95), (c50, c95), ratio) in turns.items():
+            print(f"| {label} | {threads} | {o50:.1f} / {o95:.1f} | {c50:.1f} / {c95:.1f} | "
+                  f"{o50 / c50:.2f}x | {ratio:.2f}x |")
     skipped = [f"{n} {p}: {r['skipped']}" for (n, p, t), r in results.items()
                if "skipped" in r and t == 2]
     if skipped:
