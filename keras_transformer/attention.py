@@ -61,7 +61,7 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_layer=Non
 ELEMENTWISE_MAX_ROWS = 16
 
 
-def _step_attention(query, key, value, mask=None):
+def _step_attention(query, key, value, mask=None, elementwise=None):
     """softmax(Q K^T) V for a decoding step, the queries already scaled by 1 / sqrt(d_k)
     (MultiHeadAttention.step_weights): the ops of `scaled_dot_product_attention` in
     inference, without Keras' shape plumbing, as batched matmuls or, for a step of at most
@@ -73,9 +73,16 @@ def _step_attention(query, key, value, mask=None):
         row's one in self-attention, a sentence's beams in cross-attention).
       key: [groups, heads, k_len, d_k]; value: [groups, heads, k_len, d_v].
       mask: bool [groups, 1, 1, k_len] or [k_len], True may attend; or None.
+      elementwise: None chooses by the step's rows; True or False is the choice made
+        once for every step of a search known to have at most (or more than)
+        ELEMENTWISE_MAX_ROWS rows throughout, which saves each step a `tf.cond` per
+        attention.
     Returns:
       [groups, queries, heads, d_v].
     """
+    if elementwise is not None:
+        return (_elementwise_attention if elementwise else _matmul_attention)(
+            query, key, value, mask)
     rows = tf.shape(query)[0] * tf.shape(query)[1]
     return tf.cond(rows <= ELEMENTWISE_MAX_ROWS,
                    lambda: _elementwise_attention(query, key, value, mask),
@@ -237,7 +244,7 @@ class MultiHeadAttention(keras.layers.Layer):
         return {"input_kernel": tf.concat(kernels, axis=1), "input_bias": tf.concat(biases, 0),
                 "output_kernel": output_kernel, "output_bias": output_bias}
 
-    def self_attention_step(self, x, key, value, weights, index=None):
+    def self_attention_step(self, x, key, value, weights, index=None, elementwise=None):
         """Self-attention of one new position per row over the cached ones and itself.
 
         Args:
@@ -248,6 +255,7 @@ class MultiHeadAttention(keras.layers.Layer):
           index: None (the cache grows), or the scalar position of x in a fixed-width
             cache (XLA's fixed shapes): x's key and value are written there, and the
             positions after it are masked.
+          elementwise: see `_step_attention`.
         Returns:
           (output [rows, d_model], key and value with x's: [rows, heads, position + 1, d],
           or the fixed-width cache with position `index` written).
@@ -268,10 +276,11 @@ class MultiHeadAttention(keras.layers.Layer):
             written = (position == index)[:, None]  # [width, 1]
             key, value = tf.where(written, new_key, key), tf.where(written, new_value, value)
             mask = position <= index
-        heads = _step_attention(tf.reshape(query, [-1, 1, h, d_k]), key, value, mask)
+        heads = _step_attention(tf.reshape(query, [-1, 1, h, d_k]), key, value, mask,
+                                elementwise)
         return self._step_output(tf.reshape(heads, [-1, h * d_v]), weights), key, value
 
-    def cross_attention_step(self, x, key, value, mask, weights):
+    def cross_attention_step(self, x, key, value, mask, weights, elementwise=None):
         """Encoder-decoder attention of one position per row, the rows / groups
         adjacent rows of a group (a sentence's beams) querying the same keys.
 
@@ -280,6 +289,7 @@ class MultiHeadAttention(keras.layers.Layer):
           key, value: [groups, heads, src_len, d_k or d_v] from `project_key_value`.
           mask: bool [groups, 1, 1, src_len], True for real source tokens.
           weights: `step_weights(self_attention=False)`.
+          elementwise: see `_step_attention`.
         Returns:
           [rows, d_model].
         """
@@ -287,7 +297,7 @@ class MultiHeadAttention(keras.layers.Layer):
         query = tf.nn.bias_add(tf.matmul(x, weights["input_kernel"]),
                                weights["input_bias"])  # [rows, h * d_k]
         query = tf.reshape(query, [tf.shape(key)[0], -1, h, d_k])  # [groups, beams, h, d_k]
-        heads = _step_attention(query, key, value, mask)  # [groups, beams, heads, d_v]
+        heads = _step_attention(query, key, value, mask, elementwise)  # [groups, beams, h, d_v]
         return self._step_output(tf.reshape(heads, [-1, h * d_v]), weights)
 
     @staticmethod

@@ -118,7 +118,7 @@ class DecoderLayer(keras.layers.Layer):
                    for name in ("self_attention_residual", "cross_attention_residual",
                                 "feed_forward_residual")}}
 
-    def step(self, x, cache, cross_attention_mask, weights, index=None):
+    def step(self, x, cache, cross_attention_mask, weights, index=None, elementwise=None):
         """Decode the next position given the cache of the positions before it: the
         layer's `call` in inference, one position per row, on plain tensors.
 
@@ -132,6 +132,7 @@ class DecoderLayer(keras.layers.Layer):
           weights: from `step_weights`.
           index: None for a growing cache; the position being decoded for a fixed-width
             one (`initial_cache(..., width)`).
+          elementwise: how the attentions attend (`attention._step_attention`).
         Returns:
           ([batch * beams, d_model], the cache with this position's keys and values
           appended (or, fixed-width, written at `index`): one position written per step).
@@ -139,14 +140,14 @@ class DecoderLayer(keras.layers.Layer):
         residual, norm = self.self_attention_residual, weights["self_attention_residual"]
         y, key, value = self.self_attention.self_attention_step(
             residual.step_sublayer_input(x, norm), cache["key"], cache["value"],
-            weights["self_attention"], index)
+            weights["self_attention"], index, elementwise)
         x = residual.step(x, y, norm)
         # The encoder keys and values have a row per sentence: a sentence's beams are
         # its queries of them.
         residual, norm = self.cross_attention_residual, weights["cross_attention_residual"]
         y = self.cross_attention.cross_attention_step(
             residual.step_sublayer_input(x, norm), cache["cross_key"], cache["cross_value"],
-            cross_attention_mask, weights["cross_attention"])
+            cross_attention_mask, weights["cross_attention"], elementwise)
         x = residual.step(x, y, norm)
         residual, norm = self.feed_forward_residual, weights["feed_forward_residual"]
         y = self.feed_forward.step(residual.step_sublayer_input(x, norm),
@@ -214,12 +215,12 @@ class Decoder(LayerStack):
         return {"layers": [layer.step_weights() for layer in self.layers],
                 "final_norm": self.final_norm_weights()}
 
-    def step(self, x, cache, cross_attention_mask, weights, index=None):
+    def step(self, x, cache, cross_attention_mask, weights, index=None, elementwise=None):
         """x [batch * beams, d_model] at the next position -> ([batch * beams, d_model],
         new cache); see DecoderLayer.step. weights: from `step_weights`."""
         new_cache = []
         for layer, layer_cache, layer_weights in zip(self.layers, cache, weights["layers"]):
             x, layer_cache = layer.step(x, layer_cache, cross_attention_mask, layer_weights,
-                                        index)
+                                        index, elementwise)
             new_cache.append(layer_cache)
         return self.finish_step(x, weights["final_norm"]), new_cache

@@ -26,10 +26,12 @@ every target), EOS 3. Outputs never contain PAD or BOS before their EOS; every o
 which is forced at a sentence's maximum length.
 """
 
+import functools
 from typing import NamedTuple
 
 import tensorflow as tf
 
+from keras_transformer.attention import ELEMENTWISE_MAX_ROWS
 from keras_transformer.masking import padding_mask
 from keras_transformer.ranking import top_k
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
@@ -270,10 +272,10 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
                               else tf.size(sentences) > 0)
 
     def body(i, sentences, live_seqs, live_log_probs, finished, max_lengths, state,
-             results):
+             results, elementwise=None):
         n = tf.shape(sentences)[0]  # beam rows each
         flat_seqs = tf.reshape(live_seqs, tf.stack([n * beam_size, width + 1]))
-        token_log_probs, state = step(flat_seqs, i, state)  # [n * beam, vocab]
+        token_log_probs, state = step(flat_seqs, i, state, elementwise)  # [n * beam, vocab]
         if prefix is not None:
             rows = tf.range(n) if fixed_shapes else sentences
             token_log_probs = prefix.force(token_log_probs, i, tf.repeat(max_lengths, beam_size),
@@ -338,8 +340,20 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LE
     sentences = tf.fill([batch], True) if fixed_shapes else tf.range(batch)
     loop_vars = (tf.constant(0), sentences, seqs, live_log_probs, none_finished,
                  max_lengths, state, none_finished)
-    _, sentences, _, _, finished, _, _, results = tf.while_loop(
-        cond, body, loop_vars, shape_invariants=_growing(loop_vars))
+    def search(elementwise):
+        return tf.while_loop(cond, functools.partial(body, elementwise=elementwise),
+                             loop_vars, shape_invariants=_growing(loop_vars))
+
+    if fixed_shapes or not use_cache:
+        outputs = search(None)
+    else:
+        # Rows only leave: a search that starts with at most ELEMENTWISE_MAX_ROWS rows
+        # (a request of up to 4 sentences of 4 beams) attends elementwise at every step,
+        # without a `tf.cond` per attention per step (one sentence 3-5% faster,
+        # bench/README.md); a larger one chooses at each step.
+        outputs = tf.cond(batch * beam_size <= ELEMENTWISE_MAX_ROWS,
+                          lambda: search(True), lambda: search(None))
+    _, sentences, _, _, finished, _, _, results = outputs
     # Those still searching at width:
     results = (_keep(results, finished, sentences) if fixed_shapes
                else _store(results, sentences, finished))
@@ -380,8 +394,9 @@ def _decode_lengths(model, source_ids, extra_length):
 
 def _step_function(model, source_ids, width, use_cache, beam_size=1, fixed_shapes=False):
     """(initial state, step) for batch * beam_size rows, the beams of a sentence
-    adjacent: step(seqs int32 [rows, width + 1], i, state) -> (float32 log-probs
-    [rows, vocab] of the token after position i, new state).
+    adjacent: step(seqs int32 [rows, width + 1], i, state, elementwise=None) -> (float32
+    log-probs [rows, vocab] of the token after position i, new state); elementwise: see
+    Transformer.decode_step.
 
     The state is a dict. With the cache: "source_mask" bool [batch, 1, 1, src_len] and
     "cache" (see Transformer.initial_cache), whose self-attention keys and values have a
@@ -394,9 +409,10 @@ def _step_function(model, source_ids, width, use_cache, beam_size=1, fixed_shape
     if use_cache:
         weights = model.step_weights(width + 1)
 
-        def step(seqs, i, state):
+        def step(seqs, i, state, elementwise=None):
             logits, cache = model.decode_step(seqs[:, i], i, state["cache"],
-                                              state["source_mask"], weights, fixed_shapes)
+                                              state["source_mask"], weights, fixed_shapes,
+                                              elementwise)
             return tf.nn.log_softmax(logits, axis=-1), {**state, "cache": cache}
 
         # Encoder-decoder keys and values are projected once per sentence.
@@ -404,7 +420,7 @@ def _step_function(model, source_ids, width, use_cache, beam_size=1, fixed_shape
                                     width + 1 if fixed_shapes else 0)
         return {"source_mask": padding_mask(source_ids), "cache": cache}, step
 
-    def step(seqs, i, state):
+    def step(seqs, i, state, elementwise=None):  # (the attentions choose their own way)
         logits = model.decode(seqs[:, :i + 1], _tile(state["encoder_output"], beam_size),
                               _tile(state["source_ids"], beam_size), training=False)
         return tf.nn.log_softmax(logits[:, -1, :], axis=-1), state

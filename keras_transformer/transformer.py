@@ -164,7 +164,7 @@ class Transformer(keras.Model):
                 "decoder": self.decoder.step_weights()}
 
     def decode_step(self, target_ids, index, cache, cross_attention_mask, weights,
-                    fixed_width=False):
+                    fixed_width=False, elementwise=None):
         """One step of incremental decoding: `decode` in inference for one more position.
 
         Args:
@@ -177,13 +177,16 @@ class Transformer(keras.Model):
           weights: `step_weights(length)` with length > index.
           fixed_width: the cache is `initial_cache(..., width)` with width > index (its
             shapes never change: XLA), not a growing one.
+          elementwise: None, or the attentions' way for a search whose rows stay at most
+            (True) or above (False) attention.ELEMENTWISE_MAX_ROWS.
         Returns:
           (float32 logits [batch * beams, vocab] for position index + 1, the new cache).
         """
         x = self.target_positions.step(
             self.embedding.step(target_ids, weights["embedding"]), index, weights["positions"])
         x, cache = self.decoder.step(x, cache, cross_attention_mask, weights["decoder"],
-                                     index if fixed_width else None)  # [rows, d_model]
+                                     index if fixed_width else None,
+                                     elementwise)  # [rows, d_model]
         return self.embedding.step_logits(x, weights["embedding"]), cache
 
     def call(self, inputs, training=None):

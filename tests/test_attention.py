@@ -84,7 +84,9 @@ def test_a_decoding_step_answers_each_sentence_as_it_would_alone(dtype):
     """A step of more than ELEMENTWISE_MAX_ROWS rows attends with batched matmuls, a smaller
     one with elementwise ops: both must give full attention's answer, and a sentence's
     answer must not depend on the batch it came in (bfloat16: rounded as the matmuls
-    round; without that rounding, half of the outputs differed)."""
+    round; without that rounding, half of the outputs differed). A search that knows its
+    steps' side of the limit makes the choice once (`elementwise`): the same ops, so the
+    same bits as the choice made at the step."""
     rng = np.random.default_rng(4)
     sentences, beams, d_model, past = 5, 4, 32, 6
     assert sentences * beams > ELEMENTWISE_MAX_ROWS >= beams
@@ -105,18 +107,24 @@ def test_a_decoding_step_answers_each_sentence_as_it_would_alone(dtype):
     self_weights = self_mha.step_weights(self_attention=True)
     cross_weights = cross_mha.step_weights(self_attention=False)
 
-    def step(sentence_slice):
+    def step(sentence_slice, elementwise=None):
         row_slice = slice(sentence_slice.start * beams, sentence_slice.stop * beams)
         x_rows = tf.cast(x[row_slice], compute)
         return {"self": self_mha.self_attention_step(
-                    x_rows, *(t[row_slice] for t in history_kv), self_weights)[0],
+                    x_rows, *(t[row_slice] for t in history_kv), self_weights,
+                    elementwise=elementwise)[0],
                 "cross": cross_mha.cross_attention_step(
                     x_rows, *(t[sentence_slice] for t in memory_kv),
-                    padding_mask(ids[sentence_slice]), cross_weights)}
+                    padding_mask(ids[sentence_slice]), cross_weights, elementwise)}
 
     together = step(slice(0, sentences))
     alone = [step(slice(i, i + 1)) for i in range(sentences)]
+    together_once = step(slice(0, sentences), elementwise=False)
+    alone_once = [step(slice(i, i + 1), elementwise=True) for i in range(sentences)]
     for kind in ("self", "cross"):
+        assert np.array_equal(together_once[kind], together[kind]), kind
+        for a, b in zip(alone_once, alone):
+            assert np.array_equal(a[kind], b[kind]), kind
         batched = tf.cast(together[kind], tf.float32).numpy()
         single = np.concatenate([tf.cast(a[kind], tf.float32).numpy() for a in alone])
         if dtype == "float32":
