@@ -242,12 +242,16 @@ def main(argv=None):
     exports = ["float32"] + (["bfloat16"] if args.saved_model_bfloat16 else [])
     ours = exports + ([PREVIOUS] if args.previous_saved_model else []) + (
         [XLA[p] for p in exports] if args.xla else [])
+    serving_env = dict(e.split("=", 1) for e in args.env)
+
+    def serving_label(precision):  # a serving_default row run in the --env environment
+        return f"{precision}, {' '.join(args.env)}" if args.env else precision
+
     # (name, engine, precision, environment, row label)
     systems = [("this project, SavedModel", "saved_model", p, {}, p) for p in ours]
     if args.env:  # serving_default's rows again, in that environment
-        env = dict(e.split("=", 1) for e in args.env)
-        systems += [("this project, SavedModel", "saved_model", p, env,
-                     f"{p}, {' '.join(args.env)}") for p in exports]
+        systems += [("this project, SavedModel", "saved_model", p, serving_env,
+                     serving_label(p)) for p in exports]
     systems += [("CTranslate2", "ctranslate2", c, {}, c)
                 for c in ("float32", "int8", "bfloat16")]
     results = {}
@@ -269,14 +273,13 @@ def main(argv=None):
     turns = {}
     if args.turns:
         fastest = exports[-1]  # bfloat16 when given
-        label = f"{fastest}, {' '.join(args.env)}" if args.env else fastest
-        env = dict(e.split("=", 1) for e in args.env)
+        label = serving_label(fastest)
         for threads in LATENCY_THREADS:
             commands = [[sys.executable, __file__, *sys.argv[1:], "--serve",
                          f"--worker={engine}:{precision}:{threads}"]
                         for engine, precision in (("saved_model", fastest),
                                                   ("ctranslate2", "float32"))]
-            ours, theirs = taking_turns(commands, [env, {}], args.latency_sentences,
+            ours, theirs = taking_turns(commands, [serving_env, {}], args.latency_sentences,
                                         args.turn_pause)
             turns[label, threads] = (percentiles(ours), percentiles(theirs),
                                      statistics.median(a / b for a, b in zip(ours, theirs)))
