@@ -1,6 +1,8 @@
 """The optimisation recipe of section 5: schedule, label smoothing, accumulation, precision."""
 
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from keras_transformer import (LabelSmoothedCrossEntropy, Transformer, Transform
 from trainer.config import PRECISIONS, DataConfig, RunConfig
 from trainer.data import input_pipeline, sources
 from trainer.training import distribute
+from trainer.training.cooldown import cooldown_factor
 from trainer.training.run import build_trainer
 
 
@@ -113,6 +116,76 @@ def test_two_accumulated_batches_give_the_update_of_one_double_batch(data, tmp_p
     mismatched = [int(((np.abs(a - b) > 1e-3 * step) & (np.abs(g) > noise)).sum())
                   for a, b, g in zip(after_a, after_b, gradients)]
     assert sum(mismatched) <= 1e-4 * sum(a.size for a in after_a), mismatched
+
+
+def test_the_learning_rate_factor_scales_adams_step_and_the_reported_rate(data, tmp_path):
+    """apply(f) takes Adam's step at f times the schedule's rate: the weights move f times
+    as far as with f = 1 (Adam's first step is proportional to its rate), and the reported
+    rate is f times the schedule's."""
+    batch = next(iter(data.eval_dataset()))
+    before = make_trainer(data, tmp_path, "untouched").model.get_weights()
+    moved, rates = {}, {}
+    for factor in (1.0, 0.25, 0.0):
+        trainer = make_trainer(data, tmp_path, f"factor_{factor}")
+        trainer.accumulate(next(distributed(trainer, batch)))
+        rates[factor] = float(trainer.apply(factor).learning_rate)
+        moved[factor] = [a - b for a, b in zip(trainer.model.get_weights(), before)]
+    schedule = WarmupSchedule(trainer.model.config.d_model, 50)
+    assert rates[1.0] == pytest.approx(float(schedule(0)), rel=1e-6)
+    assert rates[0.25] == pytest.approx(0.25 * rates[1.0], rel=1e-6) and rates[0.0] == 0.0
+    assert all(not d.any() for d in moved[0.0])
+    full = np.concatenate([d.ravel() for d in moved[1.0]])
+    quarter = np.concatenate([d.ravel() for d in moved[0.25]])
+    big = np.abs(full) > 0.5 * np.abs(full).max()
+    assert big.sum() > 1000
+    np.testing.assert_allclose(quarter[big], 0.25 * full[big], rtol=1e-3)
+
+
+def learning_rates(model_dir):
+    """{step: learning rate} the trainer reported (TensorBoard, <model_dir>/train)."""
+    rates = {}
+    directory = os.path.join(model_dir, "train")
+    for name in sorted(os.listdir(directory)):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(directory, name)):
+            for value in event.summary.value:
+                if value.tag == "learning_rate":
+                    rates[event.step] = float(tf.make_ndarray(value.tensor))
+    return rates
+
+
+def test_cooldown_decays_the_rate_linearly_to_zero_over_the_last_steps(data, tmp_path):
+    """cooldown=0.5 of 8 updates: the schedule's rate for the first 4, then 4/4, 3/4, 2/4
+    and 1/4 of it (the factor of the update after step s is (1 - s / 8) / 0.5, capped
+    at 1)."""
+    trainer = make_trainer(data, tmp_path, "cooldown", train_steps=8, cooldown=0.5,
+                           log_every=1, eval_every=0, checkpoint_every=100)
+    trainer.log = lambda line: None
+    trainer.train()
+    rates = learning_rates(trainer.run.model_dir)
+    assert sorted(rates) == list(range(1, 9))
+    schedule = WarmupSchedule(trainer.model.config.d_model, 50)
+    factors = [rates[step] / float(schedule(step - 1)) for step in range(1, 9)]
+    np.testing.assert_allclose(factors, [1, 1, 1, 1, 1, 0.75, 0.5, 0.25], rtol=1e-5)
+    assert factors == pytest.approx([cooldown_factor(0.5, s, 8) for s in range(8)], rel=1e-5)
+
+
+def test_cooldown_follows_the_time_budget_when_it_ends_the_run_first(data, tmp_path):
+    """With a budget that ends the run long before train_steps, the factor follows the
+    clock: it falls from update to update and the last update, started in the budget's
+    last part, has the least of it; the step count alone would have left it at 1."""
+    trainer = make_trainer(data, tmp_path, "budget", train_steps=100_000, cooldown=1.0,
+                           max_train_minutes=0.15, log_every=1, eval_every=0,
+                           checkpoint_every=100_000)
+    trainer.log = lambda line: None
+    trainer.train()
+    rates = learning_rates(trainer.run.model_dir)
+    steps = sorted(rates)
+    assert 3 <= len(steps) < 100_000 and steps == list(range(1, len(steps) + 1))
+    schedule = WarmupSchedule(trainer.model.config.d_model, 50)
+    factors = [rates[step] / float(schedule(step - 1)) for step in steps]
+    assert all(0.0 <= f <= 1.0 for f in factors), factors
+    assert all(a > b for a, b in zip(factors, factors[1:])), factors
+    assert factors[-1] < 0.5 and factors[0] > factors[-1] + 0.3, factors
 
 
 def train_steps(trainer, steps):

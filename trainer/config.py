@@ -116,6 +116,9 @@ class RunConfig:
       num_cpu_replicas: split the CPU into this many logical devices and mirror over
         them (multi-replica training without GPUs); 0 or 1: one device.
       warmup_steps, learning_rate_scale: the schedule of section 5.3.
+      cooldown: decay the schedule's rate linearly to 0 over this last fraction of the
+        run, which ends at train_steps or at the end of max_train_minutes, whichever comes
+        first (trainer/training/cooldown.py); 0: the schedule as it is.
       eval_every, checkpoint_every, keep_checkpoints, log_every: in updates; validation
         also runs at the end, and eval_every 0 never validates.
       beam_size, alpha: beam search for validation BLEU and the export (section 6.1).
@@ -142,6 +145,7 @@ class RunConfig:
     num_cpu_replicas: int = 0
     warmup_steps: int = 400
     learning_rate_scale: float = 1.0
+    cooldown: float = 0.0
     eval_every: int = 500
     checkpoint_every: int = 250
     keep_checkpoints: int = 5
@@ -167,6 +171,8 @@ class RunConfig:
                      "average_last"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if not 0.0 <= self.cooldown <= 1.0:
+            raise ValueError(f"cooldown must be in [0, 1], got {self.cooldown}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.export_weights not in (None, "last", "average", "ema"):

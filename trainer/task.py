@@ -68,6 +68,9 @@ flags.DEFINE_integer("warmup_steps", RunConfig.warmup_steps, "Learning-rate warm
                      "5.3; the paper's 4000 is in the WMT flagfiles).")
 flags.DEFINE_float("learning_rate_scale", RunConfig.learning_rate_scale,
                    "Multiplies the learning-rate schedule.")
+flags.DEFINE_float("cooldown", RunConfig.cooldown, "Decay the learning rate linearly to 0 over "
+                   "this last fraction of the run (of --train_steps, or of "
+                   "--max_train_minutes if that ends first); 0: the schedule as it is.")
 flags.DEFINE_integer("eval_every", RunConfig.eval_every, "Validation loss and BLEU every N "
                      "updates and at the end (0: never).")
 flags.DEFINE_integer("checkpoint_every", RunConfig.checkpoint_every, "Checkpoint every N updates.")

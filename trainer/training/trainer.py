@@ -13,6 +13,10 @@ reduced gradients (the cross-replica context: Keras' optimizer, called from a re
 would all-reduce them again). Nothing is read back to the host between updates: the
 statistics are read every `log_every` updates, and a non-finite loss is noted on the
 device with its step and raised at the next read, before any checkpoint is written.
+
+With `run.cooldown`, the schedule's rate is multiplied by `cooldown_factor`, computed on
+the host before each update; the chief's factor travels in the same all-reduce, so every
+worker applies the same one.
 """
 
 import functools
@@ -29,6 +33,7 @@ from trainer.config import RunConfig
 from trainer.data.input_pipeline import Data
 from trainer.training import distribute
 from trainer.training.checkpointing import Checkpointer
+from trainer.training.cooldown import cooldown_factor
 from trainer.training.preemption import PreemptionWatcher
 from trainer.training.training_stream import TrainingStream
 from trainer.training.validation import Validator
@@ -95,7 +100,7 @@ class Trainer:
                                                     name="first_nonfinite_step")
         # Batches come from the host: one trace per few shapes, then a generic one.
         self.accumulate = tf.function(self._accumulate, reduce_retracing=True)
-        self.apply = tf.function(self._apply)
+        self._apply_traced = tf.function(self._apply)
         self.gradients = tf.function(self._gradients, jit_compile=run.jit_compile)
         self.stream = None  # TrainingStream, from restore()
 
@@ -151,33 +156,43 @@ class Trainer:
 
         self.strategy.run(step_fn, args=(batch,))
 
-    def _apply(self) -> StepStatistics:
-        """One update from the accumulated gradients, with one all-reduce; returns the
-        step's statistics as tensors (Trainer.train reads them every log_every updates)."""
+    def apply(self, learning_rate_factor: float = 1.0) -> StepStatistics:
+        """One update from the accumulated gradients, with one all-reduce, at the
+        schedule's learning rate times `learning_rate_factor` (the chief's: see the module
+        docstring); returns the step's statistics as tensors (Trainer.train reads them
+        every log_every updates)."""
+        return self._apply_traced(tf.constant(learning_rate_factor, tf.float32))
+
+    def _apply(self, learning_rate_factor: tf.Tensor) -> StepStatistics:
+        """`apply`, traced once: the factor is a float32 [] tensor."""
 
         def reduce_fn():
             context = tf.distribute.get_replica_context()
-            # The one all-reduce of the update: the totals travel with the gradients.
+            chief_only = tf.cast(tf.equal(context.replica_id_in_sync_group, 0), tf.float32)
+            # The one all-reduce of the update: the totals and the chief's factor travel
+            # with the gradients.
             reduced = context.all_reduce(
                 tf.distribute.ReduceOp.SUM,
-                [t.read_value() for t in self.totals]
+                [t.read_value() for t in self.totals] + [learning_rate_factor * chief_only]
                 + [g.read_value() for g in self.gradient_sums])
             totals = Totals(*reduced[:len(Totals._fields)])
+            factor = reduced[len(Totals._fields)]
             tokens = tf.maximum(totals.target_tokens, 1.0)
             scale = self._loss_scale()
-            grads = [g / (tokens * scale) for g in reduced[len(Totals._fields):]]
+            grads = [g / (tokens * scale) for g in reduced[len(Totals._fields) + 1:]]
             for variable in [*self.gradient_sums, *self.totals]:
                 variable.assign(tf.zeros_like(variable))
             return grads, StepStatistics(
                 loss=totals.loss_sum / tokens, token_accuracy=totals.correct_tokens / tokens,
                 target_tokens=totals.target_tokens, source_tokens=totals.source_tokens,
                 gradient_norm=tf.linalg.global_norm(grads), loss_scale=scale,
-                learning_rate=tf.cast(self.optimizer.learning_rate, tf.float32))
+                learning_rate=tf.cast(self.optimizer.learning_rate, tf.float32) * factor)
 
         grads, stats = self.strategy.run(reduce_fn)
         stats = tf.nest.map_structure(lambda t: self.strategy.experimental_local_results(t)[0],
                                       stats)
-        self._update(grads, finite=tf.math.is_finite(stats.gradient_norm))
+        self._update(grads, finite=tf.math.is_finite(stats.gradient_norm),
+                     learning_rate=stats.learning_rate)
         if self.checkpointer.moving_average is not None:
             self.checkpointer.moving_average.update(
                 self.strategy, self.model.trainable_variables, self.optimizer.iterations)
@@ -195,10 +210,10 @@ class Trainer:
             return tf.cast(self.optimizer.dynamic_scale, tf.float32)
         return tf.constant(1.0)
 
-    def _update(self, grads, finite):
-        """Adam on every replica's copy of the variables, from that replica's copy of the
-        all-reduced gradients, in the cross-replica context: Keras' apply, called from a
-        replica, would all-reduce them a second time.
+    def _update(self, grads, finite, learning_rate):
+        """Adam at `learning_rate` on every replica's copy of the variables, from that
+        replica's copy of the all-reduced gradients, in the cross-replica context: Keras'
+        apply, called from a replica, would all-reduce them a second time.
 
         float16: the gradients are the same on every replica, and so is `finite`; a
         non-finite update is skipped (still counted in iterations, as tf.keras did) and
@@ -207,7 +222,6 @@ class Trainer:
         """
         optimizer = self.optimizer
         adam = optimizer.inner_optimizer if self.loss_scaled else optimizer
-        learning_rate = tf.convert_to_tensor(adam.learning_rate)
 
         def apply_adam():
             for grad, variable in zip(grads, self.model.trainable_variables):
@@ -259,10 +273,14 @@ class Trainer:
         """Updates from `step` to run.train_steps or the deadline; returns (validation
         metrics, the last step's statistics). Raises Preempted after a signal."""
         run, metrics = self.run, {}
+        budget = 60 * run.max_train_minutes if deadline is not None else None
         while step < run.train_steps:
             for _ in range(run.accum_steps):
                 self.accumulate(self.stream.next())
-            stats = self.apply()  # tensors: the host reads only at the intervals below
+            factor = cooldown_factor(run.cooldown, step, run.train_steps,
+                                     budget - (deadline - time.time()) if budget else 0.0,
+                                     budget)
+            stats = self.apply(factor)  # tensors: the host reads only at the intervals below
             step += 1
             out_of_time = deadline is not None and time.time() > deadline
             last = step == run.train_steps or out_of_time
