@@ -163,3 +163,27 @@ def test_two_workers_stop_at_the_same_step_when_one_is_preempted(tmp_path):
     assert not [d for d in os.listdir(model_dir) if d.startswith("workertemp")]
     # A pipeline per worker, each feeding its one replica.
     check_same_stream(model_dir, step + 3, pipelines=2, replicas_fed=1)
+
+
+def test_two_workers_with_different_budgets_stop_at_the_same_step_on_the_chiefs(tmp_path):
+    """Whether the time budget is spent is the chief's to say: every worker reads it, at
+    the same steps, from the update's all-reduce. A worker given a longer budget stops with
+    the chief (by its own clock it would train on and wait forever in the next
+    all-reduce), and both checkpoint the same step."""
+    model_dir = str(tmp_path / "run")
+    workers = [f"localhost:{free_port()}", f"localhost:{free_port()}"]
+    processes = [start(model_dir, "--train_steps=100000", f"--max_train_minutes={minutes}",
+                       tf_config={"cluster": {"worker": workers},
+                                  "task": {"type": "worker", "index": index}})
+                 for index, minutes in enumerate((0.3, 10))]
+    try:
+        results = [p.communicate(timeout=180) for p in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    assert [p.returncode for p in processes] == [0, 0], results[1][1][-3000:]
+    step = latest_step(model_dir)
+    assert step > 1
+    assert f"time budget of 0.3 minutes spent at step {step}" in results[0][0]
+    assert f"the chief's time budget spent at step {step}" in results[1][0]
+    assert logged_steps(results[0][0].splitlines())[-1] == step

@@ -126,7 +126,8 @@ class RunConfig:
       bleu_tokenize: sacreBLEU's tokenizer for validation BLEU ("13a"; the builtin
         corpus always uses "char").
       max_train_minutes: wall-time budget of this invocation's training loop (0: none);
-        when spent, training checkpoints and stops before train_steps.
+        when spent, training checkpoints and stops before train_steps, at the next
+        multiple of log_every (on every worker: the chief's clock decides).
       average_last: export the mean of the last N checkpoints (section 6.1: 5 for base,
         20 for big; 0: the last checkpoint).
       ema_decay: keep an exponential moving average of the weights in the checkpoint, with

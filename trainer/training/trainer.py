@@ -16,7 +16,9 @@ device with its step and raised at the next read, before any checkpoint is writt
 
 With `run.cooldown`, the schedule's rate is multiplied by `cooldown_factor`, computed on
 the host before each update; the chief's factor travels in the same all-reduce, so every
-worker applies the same one.
+worker applies the same one. So does whether the chief's time budget is spent, which every
+worker reads at the same steps (every `log_every` updates): all stop at the same step,
+where workers deciding by their own clocks could leave one waiting in an all-reduce.
 """
 
 import functools
@@ -98,6 +100,8 @@ class Trainer:
             self.tokens_since_read = tf.Variable(0.0, trainable=False, name="tokens_since_read")
             self.first_nonfinite_step = tf.Variable(tf.constant(0, tf.int64), trainable=False,
                                                     name="first_nonfinite_step")
+            # Whether the chief's time budget was spent before the last update.
+            self.budget_spent = tf.Variable(False, trainable=False, name="budget_spent")
         # Batches come from the host: one trace per few shapes, then a generic one.
         self.accumulate = tf.function(self._accumulate, reduce_retracing=True)
         self._apply_traced = tf.function(self._apply)
@@ -156,41 +160,47 @@ class Trainer:
 
         self.strategy.run(step_fn, args=(batch,))
 
-    def apply(self, learning_rate_factor: float = 1.0) -> StepStatistics:
+    def apply(self, learning_rate_factor: float = 1.0, budget_spent: bool = False
+              ) -> StepStatistics:
         """One update from the accumulated gradients, with one all-reduce, at the
-        schedule's learning rate times `learning_rate_factor` (the chief's: see the module
-        docstring); returns the step's statistics as tensors (Trainer.train reads them
-        every log_every updates)."""
-        return self._apply_traced(tf.constant(learning_rate_factor, tf.float32))
+        schedule's learning rate times `learning_rate_factor`; `self.budget_spent` becomes
+        `budget_spent` (both the chief's: see the module docstring). Returns the step's
+        statistics as tensors (Trainer.train reads them every log_every updates)."""
+        return self._apply_traced(tf.constant(learning_rate_factor, tf.float32),
+                                  tf.constant(float(budget_spent)))
 
-    def _apply(self, learning_rate_factor: tf.Tensor) -> StepStatistics:
-        """`apply`, traced once: the factor is a float32 [] tensor."""
+    def _apply(self, learning_rate_factor: tf.Tensor, budget_spent: tf.Tensor
+               ) -> StepStatistics:
+        """`apply`, traced once: the factor and the flag are float32 [] tensors."""
 
         def reduce_fn():
             context = tf.distribute.get_replica_context()
             chief_only = tf.cast(tf.equal(context.replica_id_in_sync_group, 0), tf.float32)
-            # The one all-reduce of the update: the totals and the chief's factor travel
-            # with the gradients.
+            # The one all-reduce of the update: the totals and the chief's factor and
+            # budget flag travel with the gradients.
             reduced = context.all_reduce(
                 tf.distribute.ReduceOp.SUM,
-                [t.read_value() for t in self.totals] + [learning_rate_factor * chief_only]
+                [t.read_value() for t in self.totals]
+                + [learning_rate_factor * chief_only, budget_spent * chief_only]
                 + [g.read_value() for g in self.gradient_sums])
-            totals = Totals(*reduced[:len(Totals._fields)])
-            factor = reduced[len(Totals._fields)]
+            fields = len(Totals._fields)
+            totals = Totals(*reduced[:fields])
+            factor, spent = reduced[fields], reduced[fields + 1]
             tokens = tf.maximum(totals.target_tokens, 1.0)
             scale = self._loss_scale()
-            grads = [g / (tokens * scale) for g in reduced[len(Totals._fields) + 1:]]
+            grads = [g / (tokens * scale) for g in reduced[fields + 2:]]
             for variable in [*self.gradient_sums, *self.totals]:
                 variable.assign(tf.zeros_like(variable))
-            return grads, StepStatistics(
+            return grads, spent > 0.5, StepStatistics(
                 loss=totals.loss_sum / tokens, token_accuracy=totals.correct_tokens / tokens,
                 target_tokens=totals.target_tokens, source_tokens=totals.source_tokens,
                 gradient_norm=tf.linalg.global_norm(grads), loss_scale=scale,
                 learning_rate=tf.cast(self.optimizer.learning_rate, tf.float32) * factor)
 
-        grads, stats = self.strategy.run(reduce_fn)
-        stats = tf.nest.map_structure(lambda t: self.strategy.experimental_local_results(t)[0],
-                                      stats)
+        grads, spent, stats = self.strategy.run(reduce_fn)
+        spent, stats = tf.nest.map_structure(
+            lambda t: self.strategy.experimental_local_results(t)[0], (spent, stats))
+        self.budget_spent.assign(spent)
         self._update(grads, finite=tf.math.is_finite(stats.gradient_norm),
                      learning_rate=stats.learning_rate)
         if self.checkpointer.moving_average is not None:
@@ -277,19 +287,23 @@ class Trainer:
         while step < run.train_steps:
             for _ in range(run.accum_steps):
                 self.accumulate(self.stream.next())
+            now = time.time()
             factor = cooldown_factor(run.cooldown, step, run.train_steps,
-                                     budget - (deadline - time.time()) if budget else 0.0,
-                                     budget)
-            stats = self.apply(factor)  # tensors: the host reads only at the intervals below
+                                     budget - (deadline - now) if budget else 0.0, budget)
+            # Tensors: the host reads only at the intervals below.
+            stats = self.apply(factor, budget_spent=budget is not None and now > deadline)
             step += 1
-            out_of_time = deadline is not None and time.time() > deadline
+            # The chief's clock, read by every worker at the same steps.
+            out_of_time = (budget is not None and step % run.log_every == 0
+                           and bool(self.budget_spent.numpy()))
             last = step == run.train_steps or out_of_time
             if step % run.log_every == 0 or last:
                 self._raise_if_nonfinite(progress)
                 progress.update(step, stats, self._tokens_since_read())
             if out_of_time:
                 progress.end_line()
-                self.log(f"time budget of {run.max_train_minutes:g} minutes spent at step {step}")
+                self.log(f"time budget of {run.max_train_minutes:g} minutes spent at step {step}"
+                         if self.chief else f"the chief's time budget spent at step {step}")
             if step % run.checkpoint_every == 0 or last:
                 self._raise_if_nonfinite(progress)
                 self.save(step)
