@@ -293,9 +293,9 @@ class Trainer:
             # Tensors: the host reads only at the intervals below.
             stats = self.apply(factor, budget_spent=budget is not None and now > deadline)
             step += 1
-            # The chief's clock, read by every worker at the same steps.
-            out_of_time = (budget is not None and step % run.log_every == 0
-                           and bool(self.budget_spent.numpy()))
+            # The chief's clock, read by every worker at the same steps (whatever budget
+            # each was given).
+            out_of_time = step % run.log_every == 0 and bool(self.budget_spent.numpy())
             last = step == run.train_steps or out_of_time
             if step % run.log_every == 0 or last:
                 self._raise_if_nonfinite(progress)
