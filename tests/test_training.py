@@ -1,8 +1,6 @@
 """The optimisation recipe of section 5: schedule, label smoothing, accumulation, precision."""
 
 
-import os
-
 import keras
 import numpy as np
 import pytest
@@ -15,6 +13,8 @@ from trainer.data import input_pipeline, sources
 from trainer.training import distribute
 from trainer.training.cooldown import cooldown_factor
 from trainer.training.run import build_trainer
+
+from test_task import summaries
 
 
 def paper_lrate(step, d_model=512, warmup=4000):
@@ -141,18 +141,6 @@ def test_the_learning_rate_factor_scales_adams_step_and_the_reported_rate(data, 
     np.testing.assert_allclose(quarter[big], 0.25 * full[big], rtol=1e-3)
 
 
-def learning_rates(model_dir):
-    """{step: learning rate} the trainer reported (TensorBoard, <model_dir>/train)."""
-    rates = {}
-    directory = os.path.join(model_dir, "train")
-    for name in sorted(os.listdir(directory)):
-        for event in tf.compat.v1.train.summary_iterator(os.path.join(directory, name)):
-            for value in event.summary.value:
-                if value.tag == "learning_rate":
-                    rates[event.step] = float(tf.make_ndarray(value.tensor))
-    return rates
-
-
 def test_cooldown_decays_the_rate_linearly_to_zero_over_the_last_steps(data, tmp_path):
     """cooldown=0.5 of 8 updates: the schedule's rate for the first 4, then 4/4, 3/4, 2/4
     and 1/4 of it (the factor of the update after step s is (1 - s / 8) / 0.5, capped
@@ -161,7 +149,7 @@ def test_cooldown_decays_the_rate_linearly_to_zero_over_the_last_steps(data, tmp
                            log_every=1, eval_every=0, checkpoint_every=100)
     trainer.log = lambda line: None
     trainer.train()
-    rates = learning_rates(trainer.run.model_dir)
+    rates = summaries(trainer.run.model_dir, "learning_rate")
     assert sorted(rates) == list(range(1, 9))
     schedule = WarmupSchedule(trainer.model.config.d_model, 50)
     factors = [rates[step] / float(schedule(step - 1)) for step in range(1, 9)]
@@ -178,7 +166,7 @@ def test_cooldown_follows_the_time_budget_when_it_ends_the_run_first(data, tmp_p
                            checkpoint_every=100_000)
     trainer.log = lambda line: None
     trainer.train()
-    rates = learning_rates(trainer.run.model_dir)
+    rates = summaries(trainer.run.model_dir, "learning_rate")
     steps = sorted(rates)
     assert 3 <= len(steps) < 100_000 and steps == list(range(1, len(steps) + 1))
     schedule = WarmupSchedule(trainer.model.config.d_model, 50)
