@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from keras_transformer import shift_right
 from keras_transformer.special_ids import EOS_ID, PAD_ID
+from trainer import files
 from trainer.config import DataConfig
 from trainer.data import sources as sources_lib
 from trainer.data import tokenizer as tokenizer_lib
@@ -242,10 +243,7 @@ def cached_counts(corpus: sources_lib.Corpus, tokenizers: tokenizer_lib.Tokenize
         return SplitCounts(**cache[key]["counts"])
     counts = count_split(corpus.pairs, tokenizers, max_len)
     cache[key] = {"corpus": corpus.name, "counts": dataclasses.asdict(counts)}
-    temporary = path + ".tmp"  # replaced atomically: other workers may read it
-    with tf.io.gfile.GFile(temporary, "w") as f:
-        json.dump(cache, f, indent=1)
-    tf.io.gfile.rename(temporary, path, overwrite=True)
+    files.write_atomically(path, json.dumps(cache, indent=1))  # other workers may read it
     return counts
 
 

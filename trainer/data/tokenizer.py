@@ -34,6 +34,7 @@ import tensorflow_text as tf_text
 from tensorflow_text.python.ops import sentencepiece_tokenizer as tf_text_sentencepiece
 
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from trainer import files
 from trainer.config import SUBWORD_MODELS
 
 # The paper's shared en-de vocabulary (section 5.1).
@@ -163,10 +164,7 @@ class Tokenizer(tf.Module):
 
     def save(self, path: str):
         """Writes the model bytes to `path` atomically (a crash leaves no half file)."""
-        temporary = path + ".tmp"
-        with tf.io.gfile.GFile(temporary, "wb") as f:
-            f.write(self.model_proto)
-        tf.io.gfile.rename(temporary, path, overwrite=True)
+        files.write_atomically(path, self.model_proto)
         self.path = path
 
     def tokenize(self, strings) -> tf.RaggedTensor:

@@ -8,6 +8,7 @@ from typing import List, Optional
 import tensorflow as tf
 
 from keras_transformer import Transformer, TransformerConfig
+from trainer import files
 
 CONFIG_FILE = "config.json"
 
@@ -30,9 +31,7 @@ def save_config(model_dir: str, model_config: TransformerConfig):
             raise ModelDirError(f"{model_dir} holds a different model (saved vs asked: {changed}); "
                              "use another --model_dir")
     tf.io.gfile.makedirs(model_dir)
-    with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-        json.dump({"model": model_config.to_dict()}, f, indent=2)
-    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+    files.write_atomically(path, json.dumps({"model": model_config.to_dict()}, indent=2))
 
 
 def load_config(model_dir: str) -> TransformerConfig:
