@@ -12,11 +12,18 @@ def label_smoothed_cross_entropy(labels, logits, label_smoothing=0.1):
     Returns sums, not means, so that the caller can divide by the number of tokens of
     the whole (accumulated, all-replica) batch, as the paper's token-based batches imply.
 
-    The gradient is written in closed form, softmax(logits) - q at every non-padding
-    position: one pass over [batch, length, vocab] plus a scatter of one value per token.
-    Autodiff of the same loss would scatter a [batch, length, vocab] gradient through the
-    label gather and broadcast another through the mean, several passes more over the
-    largest tensor of the step.
+    Computed from the softmax p, not the log-softmax: with lse = logsumexp(logits), the
+    cross-entropy is lse - (1 - eps) * logits[label] - eps * mean(logits), and lse =
+    max(logits) - log(max(p)) (max(p) >= 1 / vocab, so the log never underflows, however
+    improbable the label). p is also what the gradient needs: one softmax kernel (oneDNN's
+    on CPU) replaces a log-softmax and the exp of it in the gradient, the two slowest
+    passes over [positions, vocab] (bench/README.md, "The loss over the vocabulary").
+
+    The gradient is written in closed form, p - q at every non-padding position: one pass
+    over [batch, length, vocab] plus a scatter of one value per token. Autodiff of the
+    same loss would scatter a [batch, length, vocab] gradient through the label gather and
+    broadcast another through the mean, several passes more over the largest tensor of
+    the step.
 
     Args:
       labels: int [batch, length], PAD_ID where padded (or any shape, e.g. packed
@@ -32,19 +39,22 @@ def label_smoothed_cross_entropy(labels, logits, label_smoothing=0.1):
 
     @tf.custom_gradient
     def loss_sum(logits):
-        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
-        nll = -tf.gather(log_probs, labels, batch_dims=labels.shape.rank)
-        uniform = -tf.reduce_mean(log_probs, axis=-1)  # cross-entropy with eps/vocab everywhere
-        loss = (1.0 - label_smoothing) * nll + label_smoothing * uniform
+        x = tf.cast(logits, tf.float32)
+        probs = tf.nn.softmax(x, axis=-1)
+        log_sum_exp = tf.reduce_max(x, axis=-1) - tf.math.log(tf.reduce_max(probs, axis=-1))
+        label_logits = tf.gather(x, labels, batch_dims=labels.shape.rank)
+        loss = (log_sum_exp - (1.0 - label_smoothing) * label_logits
+                - label_smoothing * tf.reduce_mean(x, axis=-1))
 
         def gradient(upstream):
-            weight = tf.reshape(upstream * mask, [-1])  # [positions]
-            vocab = tf.shape(log_probs)[-1]
-            grad = ((tf.exp(tf.reshape(log_probs, [-1, vocab]))
-                     - label_smoothing / tf.cast(vocab, tf.float32)) * weight[:, None])
+            weight = upstream * mask  # labels' shape
+            vocab = tf.shape(probs)[-1]
+            grad = tf.reshape((probs - label_smoothing / tf.cast(vocab, tf.float32))
+                              * weight[..., None], [-1, vocab])
             # [positions, 2] indices (position, label) of the one-hot part of q.
             indices = tf.stack([tf.range(tf.size(labels)), tf.reshape(labels, [-1])], axis=1)
-            grad = tf.tensor_scatter_nd_sub(grad, indices, (1.0 - label_smoothing) * weight)
+            grad = tf.tensor_scatter_nd_sub(grad, indices,
+                                            tf.reshape((1.0 - label_smoothing) * weight, [-1]))
             return tf.cast(tf.reshape(grad, tf.shape(logits)), logits.dtype)
 
         return tf.reduce_sum(loss * mask), gradient
@@ -53,10 +63,15 @@ def label_smoothed_cross_entropy(labels, logits, label_smoothing=0.1):
 
 
 def correct_tokens(labels, logits):
-    """Number of non-padding positions whose argmax equals the label: float32 [].
-    labels int [...], logits [..., vocab]."""
+    """Number of non-padding positions whose label has the highest logit (a tie at the
+    top counts as correct): float32 []. labels int [...], logits [..., vocab].
+
+    Compares the label's logit with the maximum rather than taking an argmax: a max is
+    one cheap reduction (on CPU, argmax over [positions, vocab] costs two to three times
+    as much, and a training step computes the maximum for its loss anyway)."""
     labels = tf.cast(labels, tf.int32)
-    hit = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels)
+    hit = tf.greater_equal(tf.gather(logits, labels, batch_dims=labels.shape.rank),
+                           tf.reduce_max(logits, axis=-1))
     return tf.reduce_sum(tf.cast(tf.logical_and(hit, tf.not_equal(labels, PAD_ID)), tf.float32))
 
 

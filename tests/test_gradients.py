@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import Dropout, LayerNormalization, label_smoothed_cross_entropy
+from keras_transformer import (Dropout, LayerNormalization, correct_tokens,
+                               label_smoothed_cross_entropy)
 from keras_transformer.special_ids import PAD_ID
 
 
@@ -42,6 +43,38 @@ def test_smoothed_loss_and_its_closed_form_gradient_equal_autodiff_of_the_defini
     assert not np.any(gradient.numpy()[3])  # padding gets no gradient
     # Each non-pad row of the gradient is 3 * (softmax - q): it sums to zero.
     np.testing.assert_allclose(gradient.numpy().sum(-1), 0, atol=1e-5)
+
+
+def test_smoothed_loss_stays_exact_when_the_label_is_far_below_the_maximum():
+    # The label's probability underflows float32 (exp(-300)): a loss taken from log(p)
+    # at the label would be infinite; the log-sum-exp from the maximum is not.
+    logits = np.array([[[300.0, 0.0, 5.0, -20.0], [1.0, 2.0, 3.0, 4.0]]], np.float32)
+    labels = np.array([[1, 3]], np.int32)
+    eps = 0.1
+    x = logits.astype(np.float64)
+    log_probs = x - (x.max(-1, keepdims=True)
+                     + np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)))
+    q = (1 - eps) * np.eye(4)[labels] + eps / 4
+    loss, gradient = loss_and_gradient(
+        lambda y, z: label_smoothed_cross_entropy(y, z, eps)[0], labels, logits)
+    np.testing.assert_allclose(loss, 3.0 * -(q * log_probs).sum(), rtol=1e-6)
+    np.testing.assert_allclose(gradient, 3.0 * (np.exp(log_probs) - q), atol=1e-5)
+
+
+def test_correct_tokens_counts_non_padding_positions_whose_label_scores_highest():
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=(3, 7, 12)).astype("float32")
+    logits[..., PAD_ID] = -10.0  # no real label is PAD_ID
+    labels = rng.integers(1, 12, size=(3, 7)).astype("int32")
+    labels[0, :4] = logits[0, :4].argmax(-1)  # four certain hits
+    labels[2, 5:] = PAD_ID  # padding never counts, whatever its logits
+    logits[2, 5:, PAD_ID] = 100.0
+    logits[1, 0, labels[1, 0]] = logits[1, 0].max()  # a tie at the top counts
+    logits[1, 0, 0] = logits[1, 0].max()
+    expected = np.sum((np.take_along_axis(logits, labels[..., None], -1)[..., 0]
+                       == logits.max(-1)) & (labels != PAD_ID))
+    assert expected >= 5
+    assert float(correct_tokens(labels, logits)) == expected
 
 
 def test_smoothed_loss_gradient_reaches_bfloat16_logits_in_their_dtype():
