@@ -30,7 +30,8 @@ import numpy as np
 import tensorflow as tf
 
 import keras_transformer
-from keras_transformer import Transformer, TransformerConfig, label_smoothed_cross_entropy
+from keras_transformer import (Transformer, TransformerConfig,
+                               projected_label_smoothed_cross_entropy)
 
 import machine
 
@@ -57,9 +58,11 @@ def pieces(model: Transformer, batch):
     @tf.function
     def forward_backward():
         with tf.GradientTape() as tape:
-            logits, packing = model.packed_logits((source_ids, target_input_ids), training=True)
-            loss_sum, _ = label_smoothed_cross_entropy(packing.pack(target_output_ids), logits,
-                                                       label_smoothing)
+            outputs, packing = model.packed_logits((source_ids, target_input_ids),
+                                                   training=True, project=False)
+            loss_sum, _, _ = projected_label_smoothed_cross_entropy(
+                packing.pack(target_output_ids), outputs, model.embedding.matrix(),
+                label_smoothing)
         return tape.gradient(loss_sum, model.trainable_variables)
 
     return {"forward": forward, "forward + backward": forward_backward}

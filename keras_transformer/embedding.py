@@ -43,14 +43,17 @@ class SharedEmbedding(keras.layers.Layer):
         self.built = True
 
     def call(self, ids):
-        embeddings = ops.cast(self.embeddings, self.compute_dtype)
-        return ops.take(embeddings, ids, axis=0) * ops.cast(math.sqrt(self.d_model),
-                                                            self.compute_dtype)
+        return ops.take(self.matrix(), ids, axis=0) * ops.cast(math.sqrt(self.d_model),
+                                                               self.compute_dtype)
 
     def logits(self, x):
         """Pre-softmax projection x W^T; float32 logits [..., vocab_size]."""
-        embeddings = ops.cast(self.embeddings, self.compute_dtype)
-        return ops.cast(ops.matmul(x, ops.transpose(embeddings)), "float32")
+        return ops.cast(ops.matmul(x, ops.transpose(self.matrix())), "float32")
+
+    def matrix(self):
+        """W [vocab_size, d_model] in the compute dtype (the embedding's rows; what
+        `logits` projects on, e.g. for projected_label_smoothed_cross_entropy)."""
+        return ops.cast(self.embeddings, self.compute_dtype)
 
     def step_weights(self):
         """What incremental decoding reads, read once per search: "matrix" [vocab_size,

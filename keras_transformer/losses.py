@@ -6,24 +6,39 @@ import tensorflow as tf
 from keras_transformer.special_ids import PAD_ID
 
 
+def _smoothed_terms(x, labels, label_smoothing):
+    """The per-position loss and what its gradient needs, from float32 logits x [..., vocab]
+    and int labels [...]: (loss [...], probs = softmax(x) [..., vocab], label_logits [...],
+    max_logits [...]).
+
+    The cross-entropy against q = (1 - eps) * one_hot(label) + eps / vocab is
+    lse - (1 - eps) * x[label] - eps * mean(x), with lse = logsumexp(x) taken as
+    max(x) - log(max(softmax(x))): max(softmax) >= 1 / vocab, so the log never underflows,
+    however improbable the label. One softmax kernel (oneDNN's on CPU) gives both lse and
+    the gradient's p, where a log-softmax and the exp of it in the gradient were the two
+    slowest passes over [positions, vocab] (bench/README.md, "The loss over the vocabulary").
+    """
+    probs = tf.nn.softmax(x, axis=-1)
+    max_logits = tf.reduce_max(x, axis=-1)
+    log_sum_exp = max_logits - tf.math.log(tf.reduce_max(probs, axis=-1))
+    label_logits = tf.gather(x, labels, batch_dims=labels.shape.rank)
+    loss = (log_sum_exp - (1.0 - label_smoothing) * label_logits
+            - label_smoothing * tf.reduce_mean(x, axis=-1))
+    return loss, probs, label_logits, max_logits
+
+
 def label_smoothed_cross_entropy(labels, logits, label_smoothing=0.1):
     """Summed cross-entropy against q = (1 - eps) * one_hot(label) + eps / vocab.
 
     Returns sums, not means, so that the caller can divide by the number of tokens of
     the whole (accumulated, all-replica) batch, as the paper's token-based batches imply.
 
-    Computed from the softmax p, not the log-softmax: with lse = logsumexp(logits), the
-    cross-entropy is lse - (1 - eps) * logits[label] - eps * mean(logits), and lse =
-    max(logits) - log(max(p)) (max(p) >= 1 / vocab, so the log never underflows, however
-    improbable the label). p is also what the gradient needs: one softmax kernel (oneDNN's
-    on CPU) replaces a log-softmax and the exp of it in the gradient, the two slowest
-    passes over [positions, vocab] (bench/README.md, "The loss over the vocabulary").
-
-    The gradient is written in closed form, p - q at every non-padding position: one pass
-    over [batch, length, vocab] plus a scatter of one value per token. Autodiff of the
-    same loss would scatter a [batch, length, vocab] gradient through the label gather and
-    broadcast another through the mean, several passes more over the largest tensor of
-    the step.
+    The gradient is written in closed form, softmax(logits) - q at every non-padding
+    position: one pass over [batch, length, vocab] plus a scatter of one value per token.
+    Autodiff of the same loss would scatter a [batch, length, vocab] gradient through the
+    label gather and broadcast another through the mean, several passes more over the
+    largest tensor of the step. Training goes one step further with
+    `projected_label_smoothed_cross_entropy`.
 
     Args:
       labels: int [batch, length], PAD_ID where padded (or any shape, e.g. packed
@@ -39,12 +54,8 @@ def label_smoothed_cross_entropy(labels, logits, label_smoothing=0.1):
 
     @tf.custom_gradient
     def loss_sum(logits):
-        x = tf.cast(logits, tf.float32)
-        probs = tf.nn.softmax(x, axis=-1)
-        log_sum_exp = tf.reduce_max(x, axis=-1) - tf.math.log(tf.reduce_max(probs, axis=-1))
-        label_logits = tf.gather(x, labels, batch_dims=labels.shape.rank)
-        loss = (log_sum_exp - (1.0 - label_smoothing) * label_logits
-                - label_smoothing * tf.reduce_mean(x, axis=-1))
+        loss, probs, _, _ = _smoothed_terms(tf.cast(logits, tf.float32), labels,
+                                            label_smoothing)
 
         def gradient(upstream):
             weight = upstream * mask  # labels' shape
@@ -60,6 +71,66 @@ def label_smoothed_cross_entropy(labels, logits, label_smoothing=0.1):
         return tf.reduce_sum(loss * mask), gradient
 
     return loss_sum(logits), tf.reduce_sum(mask)
+
+
+def projected_label_smoothed_cross_entropy(labels, outputs, embeddings, label_smoothing=0.1):
+    """`label_smoothed_cross_entropy(labels, outputs embeddings^T)` with the pre-softmax
+    projection inside, for training: the gradient never builds [tokens, vocab].
+
+    The logits' gradient is G = w (p - eps / vocab) - (1 - eps) w one_hot(label), w the
+    upstream gradient at non-padding tokens. Its two products are taken term by term,
+
+      d outputs    = w * (p E - eps / vocab * sum_v E_v - (1 - eps) * E[label]),
+      d embeddings = p^T (w * outputs) - eps / vocab * sum_t w_t outputs_t
+                     - (1 - eps) * (w * outputs) scattered to the label rows,
+
+    so the only [tokens, vocab] tensors are the logits and p (kept from the forward pass,
+    in the compute dtype): the passes that made G (the one-hot scatter, the products by w,
+    the cast to the compute dtype) are gone, and so is the argmax of token accuracy.
+
+    Args:
+      labels: int [tokens] (PAD_ID positions count for nothing).
+      outputs: [tokens, d_model], the decoder's output (Transformer.packed_logits(...,
+        project=False)), in the compute dtype.
+      embeddings: [vocab, d_model], the shared embedding matrix in the compute dtype.
+      label_smoothing: eps_ls.
+    Returns:
+      (loss_sum float32 [], num_tokens float32 [], correct_tokens float32 []): the last
+      counts the non-padding tokens whose label has the highest logit, as
+      `correct_tokens` would.
+    """
+    labels = tf.cast(labels, tf.int32)
+    mask = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)  # [tokens]
+
+    @tf.custom_gradient
+    def loss_sum(outputs, embeddings):
+        dtype = outputs.dtype
+        x = tf.cast(tf.matmul(outputs, embeddings, transpose_b=True), tf.float32)
+        loss, probs, label_logits, max_logits = _smoothed_terms(x, labels, label_smoothing)
+        probs = tf.cast(probs, dtype)
+        correct = tf.reduce_sum(tf.where(label_logits >= max_logits, mask, 0.0))
+
+        def gradient(upstream, _):
+            # upstream: float32 [] (the loss scale, under float16); it multiplies float32
+            # results only, never float16 operands of a matmul.
+            uniform = label_smoothing / tf.cast(tf.shape(embeddings)[0], tf.float32)
+            embeddings32 = tf.cast(embeddings, tf.float32)
+            d_outputs = (tf.cast(tf.matmul(probs, embeddings), tf.float32)
+                         - uniform * tf.reduce_sum(embeddings32, axis=0)
+                         - (1.0 - label_smoothing) * tf.gather(embeddings32, labels))
+            masked = outputs * tf.cast(mask, dtype)[:, None]  # [tokens, d_model]
+            masked32 = tf.cast(masked, tf.float32)
+            d_embeddings = (tf.cast(tf.matmul(probs, masked, transpose_a=True), tf.float32)
+                            - uniform * tf.reduce_sum(masked32, axis=0))
+            d_embeddings = tf.tensor_scatter_nd_sub(d_embeddings, labels[:, None],
+                                                    (1.0 - label_smoothing) * masked32)
+            return (tf.cast(d_outputs * (upstream * mask)[:, None], dtype),
+                    tf.cast(d_embeddings * upstream, embeddings.dtype))
+
+        return (tf.reduce_sum(loss * mask), correct), gradient
+
+    loss, correct = loss_sum(outputs, embeddings)
+    return loss, tf.reduce_sum(mask), correct
 
 
 def correct_tokens(labels, logits):

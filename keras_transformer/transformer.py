@@ -102,7 +102,8 @@ class Transformer(keras.Model):
                             return_attention_scores=return_attention_scores, packing=packing)
 
     def decode(self, target_input_ids, encoder_output, source_ids, training=None,
-               return_attention_scores=False, packing=None, source_packing=None):
+               return_attention_scores=False, packing=None, source_packing=None,
+               project=True):
         """Teacher-forced decoding of a whole target prefix.
 
         Args:
@@ -112,6 +113,8 @@ class Transformer(keras.Model):
           source_ids: int [batch, src_len], for the source padding mask.
           packing, source_packing: Packing(target_input_ids) and Packing(source_ids), or
             None: compute on the non-padding positions only (see `packed_logits`).
+          project: False: return the decoder stack's output [..., d_model] (compute
+            dtype), before the pre-softmax projection.
         Returns:
           float32 logits [batch, tgt_len, vocab] (with `packing`, [tgt_tokens, vocab])
           (plus N encoder-decoder attention weights with return_attention_scores=True).
@@ -124,11 +127,12 @@ class Transformer(keras.Model):
                                padding_mask(source_ids), training=training,
                                return_attention_scores=return_attention_scores,
                                packing=packing, source_packing=source_packing)
+        project = self.embedding.logits if project else (lambda x: x)
         if return_attention_scores:
-            return self.embedding.logits(outputs[0]), outputs[1]
-        return self.embedding.logits(outputs)
+            return project(outputs[0]), outputs[1]
+        return project(outputs)
 
-    def packed_logits(self, inputs, training=None):
+    def packed_logits(self, inputs, training=None, project=True):
         """`call` computed on the non-padding positions only: what training uses.
 
         Every layer but attention is position-wise, so on the tokens alone
@@ -139,6 +143,8 @@ class Transformer(keras.Model):
         Args:
           inputs: (source_ids int [batch, src_len], target_input_ids int
             [batch, tgt_len]), as for `call`.
+          project: False: the decoder's output [tgt_tokens, d_model] instead of the
+            logits, for `projected_label_smoothed_cross_entropy` (the trainer's loss).
         Returns:
           (float32 logits [tgt_tokens, vocab], one row per non-padding position of
           target_input_ids in row-major order; the Packing of target_input_ids, whose
@@ -148,7 +154,7 @@ class Transformer(keras.Model):
         source, target = Packing(source_ids), Packing(target_input_ids)
         encoder_output = self.encode(source_ids, training=training, packing=source)
         return self.decode(target_input_ids, encoder_output, source_ids, training=training,
-                           packing=target, source_packing=source), target
+                           packing=target, source_packing=source, project=project), target
 
     def initial_cache(self, encoder_output, beam_size=1, width=0):
         """The decoding cache of `beam_size` rows per sentence, growing (width 0) or of

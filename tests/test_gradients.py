@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import (Dropout, LayerNormalization, correct_tokens,
-                               label_smoothed_cross_entropy)
+                               label_smoothed_cross_entropy,
+                               projected_label_smoothed_cross_entropy)
 from keras_transformer.special_ids import PAD_ID
 
 
@@ -141,3 +142,58 @@ def test_dropout_gradient_is_its_mask_times_the_scale():
     assert scale == pytest.approx(1 / (1 - 0.3), rel=1e-3)
     np.testing.assert_allclose(y.numpy(), x.numpy() * gradient, rtol=1e-6)
     assert set(np.unique(gradient)) == {0.0, scale}
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_projected_loss_and_its_gradients_equal_the_loss_of_the_projection(eps):
+    # The trainer's loss takes the decoder output and the embedding matrix; its loss,
+    # token count, correct tokens and both gradients are those of the logits' loss.
+    rng = np.random.default_rng(5)
+    outputs = tf.Variable(rng.normal(size=(30, 16)).astype("float32"))
+    embeddings = tf.Variable((rng.normal(size=(40, 16)) / 2).astype("float32"))
+    labels = rng.integers(1, 40, size=30).astype("int32")
+    labels[[3, 11, 29]] = PAD_ID
+    labels[7] = labels[8] = labels[9]  # repeated labels: the embedding gradient adds up
+    top = tf.argmax(tf.matmul(outputs, embeddings, transpose_b=True), -1).numpy()
+    hits = [t for t in (0, 1, 2, 4, 5, 6) if top[t] != PAD_ID]
+    labels[hits] = top[hits]  # certain hits
+    results = []
+    for projected in (True, False):
+        with tf.GradientTape() as tape:
+            if projected:
+                loss, tokens, correct = projected_label_smoothed_cross_entropy(
+                    labels, outputs, embeddings, eps)
+            else:
+                logits = tf.matmul(outputs, embeddings, transpose_b=True)
+                loss, tokens = label_smoothed_cross_entropy(labels, logits, eps)
+                correct = correct_tokens(labels, logits)
+            scaled = 3.0 * loss  # an upstream gradient other than 1
+        results.append((loss, tokens, correct, *tape.gradient(scaled, [outputs, embeddings])))
+    (loss, tokens, correct, d_outputs, d_embeddings), expected = results
+    np.testing.assert_allclose(loss, expected[0], rtol=1e-5)
+    assert float(tokens) == float(expected[1]) == 27
+    assert float(correct) == float(expected[2]) >= len(hits) >= 3
+    np.testing.assert_allclose(d_outputs, expected[3], atol=1e-5)
+    np.testing.assert_allclose(d_embeddings, expected[4], atol=1e-5)
+    assert not np.any(d_outputs.numpy()[[3, 11, 29]])  # padding gets no gradient
+
+
+def test_projected_loss_gradients_come_in_the_compute_dtype_under_a_loss_scale():
+    # Mixed precision: the matmuls run in float16 / bfloat16 and the gradients come back
+    # in that dtype, near float32's, with a float16 loss scale of 2^10 multiplying them.
+    rng = np.random.default_rng(6)
+    outputs32 = (2 * rng.normal(size=(12, 8))).astype("float32")
+    embeddings32 = (rng.normal(size=(20, 8)) / 4).astype("float32")
+    labels = rng.integers(1, 20, size=12).astype("int32")
+    scale, grads = 2.0 ** 10, {}
+    for dtype in (tf.float32, tf.float16, tf.bfloat16):
+        outputs, embeddings = (tf.Variable(tf.cast(x, dtype)) for x in (outputs32, embeddings32))
+        with tf.GradientTape() as tape:
+            loss, _, _ = projected_label_smoothed_cross_entropy(labels, outputs, embeddings)
+            scaled = loss * scale
+        grads[dtype] = tape.gradient(scaled, [outputs, embeddings])
+        assert [g.dtype for g in grads[dtype]] == [dtype, dtype]
+    for dtype, tolerance in ((tf.float16, 1e-2), (tf.bfloat16, 5e-2)):
+        for got, want in zip(grads[dtype], grads[tf.float32]):
+            np.testing.assert_allclose(tf.cast(got, tf.float32) / scale, want / scale,
+                                       atol=tolerance * float(tf.reduce_max(tf.abs(want))) / scale)

@@ -29,7 +29,8 @@ import keras
 import tensorflow as tf
 
 from keras_transformer import (Transformer, TransformerConfig, WarmupSchedule, correct_tokens,
-                               label_smoothed_cross_entropy)
+                               label_smoothed_cross_entropy,
+                               projected_label_smoothed_cross_entropy)
 from keras_transformer.special_ids import PAD_ID
 from trainer.config import RunConfig
 from trainer.data.input_pipeline import Data
@@ -130,19 +131,23 @@ class Trainer:
 
     def _gradients(self, source_ids, target_input_ids, target_output_ids):
         """Gradients of one microbatch's summed loss, and its Totals."""
+        label_smoothing = self.model.config.label_smoothing
         with tf.GradientTape() as tape:
             if self.run.jit_compile:  # XLA needs static shapes: the padded batch
                 logits = self.model((source_ids, target_input_ids), training=True)
-            else:  # nothing computed at padding
-                logits, packing = self.model.packed_logits((source_ids, target_input_ids),
-                                                           training=True)
-                target_output_ids = packing.pack(target_output_ids)
-            loss_sum, tokens = label_smoothed_cross_entropy(target_output_ids, logits,
-                                                            self.model.config.label_smoothing)
+                loss_sum, tokens = label_smoothed_cross_entropy(target_output_ids, logits,
+                                                                label_smoothing)
+                correct = correct_tokens(target_output_ids, logits)
+            else:  # nothing computed at padding, the projection inside the loss
+                outputs, packing = self.model.packed_logits(
+                    (source_ids, target_input_ids), training=True, project=False)
+                loss_sum, tokens, correct = projected_label_smoothed_cross_entropy(
+                    packing.pack(target_output_ids), outputs, self.model.embedding.matrix(),
+                    label_smoothing)
             scaled = (self.optimizer.scale_loss(loss_sum) if self.loss_scaled
                       else loss_sum)
         grads = tape.gradient(scaled, self.model.trainable_variables)
-        totals = Totals(loss_sum, tokens, correct_tokens(target_output_ids, logits),
+        totals = Totals(loss_sum, tokens, correct,
                         tf.reduce_sum(tf.cast(source_ids != PAD_ID, tf.float32)))
         return [tf.convert_to_tensor(g) for g in grads], totals
 
