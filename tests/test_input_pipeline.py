@@ -109,6 +109,32 @@ def test_a_seed_fixes_the_training_stream(multi30k, tokenizers):
     assert any(a.shape != b.shape or (a != b).any() for a, b in zip(same, other))
 
 
+def test_subword_sampling_resegments_training_pairs_and_leaves_validation_alone(multi30k,
+                                                                                 tokenizers):
+    sampled = DataConfig(max_len=128, batch_tokens=2048, seed=7, subword_sampling=0.1)
+    plain = dataclasses.replace(sampled, subword_sampling=0.0)
+
+    def epoch(config):
+        return input_pipeline.train_dataset(multi30k.pairs("train"), tokenizers, config,
+                                            num_epochs=1)
+
+    def target_tokens(dataset):
+        return sum(int(tf.math.count_nonzero(target_output_ids))
+                   for _, target_output_ids in dataset)
+
+    # The same pairs, each once, in more (BPE-dropout: shorter) pieces than without.
+    assert (collections.Counter(decoded_pairs(epoch(sampled), tokenizers))
+            == collections.Counter(decoded_pairs(epoch(plain), tokenizers)))
+    assert target_tokens(epoch(sampled)) > 1.05 * target_tokens(epoch(plain))
+    validation = [input_pipeline.eval_dataset(multi30k.pairs("validation"), tokenizers, config)
+                  for config in (sampled, plain)]
+    assert all((a[1].numpy() == b[1].numpy()).all() for a, b in zip(*validation))
+    with pytest.raises(ValueError, match="subword_sampling must be in"):
+        DataConfig(subword_sampling=1.0)  # a BPE-dropout rate of 1 leaves only characters
+    with pytest.raises(ValueError, match="subword_sampling must be in"):
+        DataConfig(subword_sampling=-0.1, subword_model="unigram")
+
+
 def test_decoder_input_is_the_target_shifted_right(multi30k, tokenizers):
     config = DataConfig(max_len=64, batch_tokens=1024)
     batch = next(iter(input_pipeline.eval_dataset(multi30k.pairs("validation"), tokenizers,

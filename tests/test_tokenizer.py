@@ -168,3 +168,24 @@ def test_bpe_and_unigram_models(training_text):
         assert round_trip(tokenizer, english[:100]) == english[:100]
     with pytest.raises(tokenizer_lib.VocabularyError, match="model_type"):
         tokenizer_lib.train_sentencepiece(english, 600, "wordpiece")
+
+
+def test_sampled_segmentations_vary_and_each_spells_the_sentence(training_text):
+    # Subword regularization (--subword_sampling): every call draws a segmentation, by
+    # BPE-dropout for a BPE model and over all segmentations for a unigram one; each draw
+    # detokenizes to the sentence, and sampling 0 is the one segmentation.
+    english, _ = training_text
+    sentences = english[:50]
+    for model_type in ("bpe", "unigram"):
+        tokenizer = Tokenizer(tokenizer_lib.train_sentencepiece(english, 600, model_type))
+        one = tokenizer.tokenize(sentences).to_list()
+        assert tokenizer.tokenize(sentences, 0.0).to_list() == one
+        draws = [tokenizer.tokenize(sentences, 0.1) for _ in range(3)]
+        for ids in draws:
+            assert [s.decode() for s in tokenizer.detokenize(ids).numpy()] == sentences
+            assert not tf.reduce_any(ids.flat_values < 4)  # no PAD, UNK, BOS or EOS
+        lists = [ids.to_list() for ids in draws]
+        assert lists[0] != lists[1] != lists[2] and one not in lists
+        if model_type == "bpe":  # dropped merges leave more, shorter pieces
+            assert all(ids.flat_values.shape[0] > sum(map(len, one)) for ids in draws)
+

@@ -34,6 +34,11 @@ class DataConfig:
       separate_vocabularies: a source and a target vocabulary instead of the shared one
         of section 5.1.
       subword_model: "bpe" (the paper's byte-pair encoding) or "unigram".
+      subword_sampling: subword regularization of the training batches: 0 segments every
+        sentence one way; above 0, every time a sentence is read it gets a segmentation
+        drawn by SentencePiece with this alpha (over all segmentations): for BPE, the
+        BPE-dropout rate (Provilkov et al. 2020: 0.1); for unigram, the smoothing of Kudo
+        (2018: 0.1-0.5). Validation, counting and serving never sample.
       vocab_sample_pairs: at most this many training pairs, spread evenly over the
         split, train the vocabulary.
       max_len: positions per sequence, BOS/EOS included; longer pairs are dropped and
@@ -56,6 +61,7 @@ class DataConfig:
     vocab_size: Optional[int] = None
     separate_vocabularies: bool = False
     subword_model: str = "bpe"
+    subword_sampling: float = 0.0
     vocab_sample_pairs: int = 1_000_000
     max_len: int = 64
     batch_tokens: int = 2048
@@ -66,6 +72,10 @@ class DataConfig:
         if self.subword_model not in SUBWORD_MODELS:
             raise ValueError(f"subword_model must be one of {SUBWORD_MODELS}, "
                              f"got {self.subword_model!r}")
+        if self.subword_sampling < 0 or (self.subword_model == "bpe"
+                                          and self.subword_sampling >= 1):
+            raise ValueError(f"subword_sampling must be in [0, 1) for bpe (a dropout rate) "
+                             f"and at least 0 for unigram, got {self.subword_sampling}")
         if self.max_len < 2:
             raise ValueError(f"max_len must be at least 2 (one piece + BOS/EOS), "
                              f"got {self.max_len}")

@@ -44,6 +44,10 @@ flags.DEFINE_bool("separate_vocabularies", DataConfig.separate_vocabularies,
                   "Separate source and target vocabularies.")
 flags.DEFINE_enum("subword_model", DataConfig.subword_model, SUBWORD_MODELS,
                   "SentencePiece model: byte-pair encoding (the paper's) or unigram.")
+flags.DEFINE_float("subword_sampling", DataConfig.subword_sampling, "Subword regularization: "
+                   "training sentences get a segmentation sampled with this alpha each time "
+                   "they are read (bpe: the BPE-dropout rate, e.g. 0.1; unigram: Kudo's "
+                   "smoothing); 0: one segmentation.")
 flags.DEFINE_integer("max_len", DataConfig.max_len, "Longest sequence in subword tokens; "
                      "longer pairs are dropped and counted.")
 flags.DEFINE_integer("batch_tokens", DataConfig.batch_tokens, "Padded source (and target) "

@@ -67,23 +67,27 @@ def _fits(max_len: int, source_length, target_length):
     return (source_length <= max_len) & (target_length <= max_len)
 
 
-def _encode(tokenizers: tokenizer_lib.Tokenizers, source: tf.Tensor, target: tf.Tensor):
-    """Pieces + EOS of a batch of pairs.
+def _encode(tokenizers: tokenizer_lib.Tokenizers, source: tf.Tensor, target: tf.Tensor,
+            sampling: float = 0.0):
+    """Pieces + EOS of a batch of pairs (segmentations sampled with `sampling` > 0, see
+    `Tokenizer.tokenize`).
 
     source, target: tf.string [batch] -> (source_ids, target_output_ids), int32
     RaggedTensors [batch, (length)].
     """
     batch = tf.shape(source)[:1]
     eos = tf.RaggedTensor.from_tensor(tf.fill(tf.concat([batch, [1]], 0), EOS_ID))
-    return (tf.concat([tokenizers.source.tokenize(source), eos], axis=1),
-            tf.concat([tokenizers.target.tokenize(target), eos], axis=1))
+    return (tf.concat([tokenizers.source.tokenize(source, sampling), eos], axis=1),
+            tf.concat([tokenizers.target.tokenize(target, sampling), eos], axis=1))
 
 
 def examples(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
-             max_len: int) -> tf.data.Dataset:
+             max_len: int, sampling: float = 0.0) -> tf.data.Dataset:
     """Tokenized examples: (source_ids, target_output_ids), int32 [(length)] each.
 
-    Empty pairs are skipped and too long ones dropped, as `count_split` counts them.
+    Empty pairs are skipped and too long ones dropped, as `count_split` counts them
+    (with `sampling`, the subword regularization of training, a pair's length varies
+    from one reading to the next, and so may whether it fits).
     All of it runs vectorized on batches of pairs, in parallel, which are then
     unbatched: a tf.data function call per pair costs more than tokenizing the pair.
     The order is kept (the batches are equal work, so in-order costs little), so a
@@ -94,7 +98,7 @@ def examples(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
     def encode_batch(source, target):  # tf.string [batch] each
         nonempty = sources_lib.is_nonempty(source, target)
         sequences = _encode(tokenizers, tf.boolean_mask(source, nonempty),
-                            tf.boolean_mask(target, nonempty))
+                            tf.boolean_mask(target, nonempty), sampling)
         fits = _fits(max_len, *(ids.row_lengths() for ids in sequences))
         return tuple(tf.ragged.boolean_mask(ids, fits) for ids in sequences)
 
@@ -148,7 +152,9 @@ def train_dataset(pairs: Union[tf.data.Dataset, Sequence[tf.data.Dataset]],
     With an input_context, this input pipeline reads only its shard of the pairs.
     num_epochs=None repeats forever (every batch full); a finite number of epochs
     keeps the last partial batches, so each kept pair appears once per epoch (of one
-    corpus). With config.seed set, every run yields the same batches in the same order.
+    corpus). With config.seed set, every run yields the same batches in the same order,
+    unless config.subword_sampling draws the pairs' segmentations (SentencePiece's own
+    generator): then the same pairs in the same order.
     """
     corpora = [pairs] if isinstance(pairs, tf.data.Dataset) else list(pairs)
 
@@ -167,7 +173,7 @@ def train_dataset(pairs: Union[tf.data.Dataset, Sequence[tf.data.Dataset]],
         weights = [1.0] * len(streams) if weights is None else list(weights)
         mixed = tf.data.Dataset.sample_from_datasets(
             streams, [w / sum(weights) for w in weights], seed=config.seed)
-    dataset = batches(examples(mixed, tokenizers, config.max_len),
+    dataset = batches(examples(mixed, tokenizers, config.max_len, config.subword_sampling),
                       config, drop_remainder=num_epochs is None)
     return dataset.prefetch(tf.data.AUTOTUNE)
 

@@ -167,12 +167,25 @@ class Tokenizer(tf.Module):
         files.write_atomically(path, self.model_proto)
         self.path = path
 
-    def tokenize(self, strings) -> tf.RaggedTensor:
+    def tokenize(self, strings, sampling: float = 0.0) -> tf.RaggedTensor:
         """Subword ids of each string, without BOS/EOS.
 
         strings: tf.string [batch] -> int32 RaggedTensor [batch, (pieces)].
+        sampling: 0, the one segmentation of each string; above 0, a segmentation drawn at
+          every call by SentencePiece (nbest_size -1, alpha = sampling), for subword
+          regularization in training: BPE-dropout at this rate for a BPE model (Provilkov
+          et al. 2020), sampling over all segmentations for a unigram one (Kudo 2018).
+          SentencePiece draws from its own generator, so sampled ids are not seeded.
         """
-        return self._sentencepiece.tokenize(strings)
+        if not sampling:
+            return self._sentencepiece.tokenize(strings)
+        # The op the tf_text tokenizer runs, with its sampling inputs: no second resource
+        # (nor a second copy of the model in an export of this module).
+        values, row_splits = tf_text_sentencepiece.gen_sentencepiece_tokenizer.\
+            sentencepiece_tokenize_op(self._sentencepiece._model_resource.resource_handle,
+                                      strings, nbest_size=-1, alpha=sampling, add_bos=False,
+                                      add_eos=False, reverse=False, out_type=tf.int32)
+        return tf.RaggedTensor.from_row_splits(values, row_splits, validate=False)
 
     def id_to_piece(self, ids) -> tf.Tensor:
         """The subword string of each id: int [...] -> tf.string [...]."""
