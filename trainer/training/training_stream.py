@@ -11,7 +11,9 @@ tf.distribute's own iterators cannot be checkpointed, hence the plain one.
 A model checkpoint without a stream state (written before there was one, or after the
 data settings changed) falls back to replay: the stream is deterministic (seeded
 shuffle, ordered maps), so skipping the batches the checkpointed run consumed gives the
-same stream, in a time that grows with the step.
+same stream, in a time that grows with the step. (With subword sampling only the pairs'
+order is: their segmentations, and so their bucketing into batches, are drawn anew, and
+the replay lands near the checkpointed run's place, not on it.)
 """
 
 import os
