@@ -18,6 +18,7 @@ and copy the table into the README.
 """
 
 import argparse
+import dataclasses
 import os
 import platform
 import shlex
@@ -108,14 +109,17 @@ def main(argv=None):
     parser.add_argument("--max_len", type=int, default=128)
     parser.add_argument("--pipeline_batches", type=int, default=1000)
     parser.add_argument("--train_steps", type=int, default=20)
+    parser.add_argument("--subword_sampling", type=float, default=0.0,
+                        help="the trainer's --subword_sampling (BPE-dropout rate)")
     args = parser.parse_args(argv)
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0]] + sys.argv[1:])
 
     load_before = os.getloadavg()[0]  # other processes share the cores
     data_dir = Path(args.data)
     start = time.perf_counter()
-    data_config = machine.multi30k_data(data_dir, max_len=args.max_len,
-                                        batch_tokens=args.batch_tokens)
+    data_config = dataclasses.replace(
+        machine.multi30k_data(data_dir, max_len=args.max_len, batch_tokens=args.batch_tokens),
+        subword_sampling=args.subword_sampling)
     source = sources.select(data_config)
     check_seconds = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as model_dir:
@@ -151,6 +155,7 @@ def main(argv=None):
         ("vocabulary", f"shared BPE, {vocab_size} pieces (default size); file check "
                        f"{check_seconds:.2f} s, vocabulary + counting pass {build_seconds:.1f} s"),
         ("batches", f"batch_tokens={args.batch_tokens} per replica, max_len={args.max_len}, "
+                    f"subword_sampling={args.subword_sampling:g}, "
                     f"{len(by_shape)} shapes seen: "
                     + " ".join(f"{b}x{l}" for b, l in sorted(by_shape, key=lambda s: s[1]))),
         ("model", f"TransformerConfig.small ({model.count_params() / 1e6:.1f}M parameters), "
