@@ -160,7 +160,9 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
       Sample weights are not used: padding is what the loss leaves out.
 
     Example: the Keras way to train the Transformer, on batches of
-    ((source_ids, target_input_ids), target_output_ids).
+    ((source_ids, target_input_ids), target_output_ids). (100 warm-up steps keep the
+    rate below 5e-3 here, so the second epoch's loss is lower on every draw of the
+    initial weights; at 10, the rate peaks at 0.04 and the two epochs can tie.)
 
     >>> import keras
     >>> import tensorflow as tf
@@ -169,7 +171,7 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
     >>> config = TransformerConfig.tiny(vocab_size=50)
     >>> model = Transformer(config)
     >>> model.compile(
-    ...     optimizer=keras.optimizers.Adam(WarmupSchedule(config.d_model, warmup_steps=10),
+    ...     optimizer=keras.optimizers.Adam(WarmupSchedule(config.d_model, warmup_steps=100),
     ...                                     0.9, 0.98, 1e-9),
     ...     loss=LabelSmoothedCrossEntropy(config.label_smoothing))
     >>> source_ids, target_ids = tf.constant([[5, 6, 3]] * 8), tf.constant([[7, 8, 9, 3]] * 8)
