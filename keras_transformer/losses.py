@@ -160,8 +160,8 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
       Sample weights are not used: padding is what the loss leaves out.
 
     Example: the Keras way to train the Transformer, on batches of
-    ((source_ids, target_input_ids), target_output_ids). (100 warm-up steps keep the
-    rate below 5e-3 here, so the second epoch's loss is lower on every draw of the
+    ((source_ids, target_input_ids), target_output_ids). (100 warm-up steps hold the
+    rate at 5e-3 or less here, so the second epoch's loss is lower on every draw of the
     initial weights; at 10, the rate peaks at 0.04 and the two epochs can tie.)
 
     >>> import keras
