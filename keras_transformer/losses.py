@@ -161,8 +161,8 @@ class LabelSmoothedCrossEntropy(keras.losses.Loss):
 
     Example: the Keras way to train the Transformer, on batches of
     ((source_ids, target_input_ids), target_output_ids). (100 warm-up steps hold the
-    rate at 5e-3 or less here, so the second epoch's loss is lower on every draw of the
-    initial weights; at 10, the rate peaks at 0.04 and the two epochs can tie.)
+    rate at 5e-3 or less here: the second epoch's loss was lower by 1.2-1.7 in 8 of 8
+    draws of the initial weights; at 10, the rate peaks at 0.04 and the two can tie.)
 
     >>> import keras
     >>> import tensorflow as tf
