@@ -188,4 +188,3 @@ def test_sampled_segmentations_vary_and_each_spells_the_sentence(training_text):
         assert lists[0] != lists[1] != lists[2] and one not in lists
         if model_type == "bpe":  # dropped merges leave more, shorter pieces
             assert all(ids.flat_values.shape[0] > sum(map(len, one)) for ids in draws)
-
