@@ -286,14 +286,14 @@ def test_tf_servings_session_loader_answers_every_warmup_request_as_tf2_does(exp
         _assert_answers(answers[name], expected, name)
 
 
-def test_saved_model_cli_runs_the_readmes_translate_with_options_request(exported, loaded,
-                                                                         tmp_path):
-    """The README's command: saved_model_cli run, with the tensorflow_text ops registered
-    (TF Serving builds include them; saved_model_cli alone does not)."""
-    readme = (REPO / "README.md").read_text()
-    command = re.search(r"python -c \"(import sys, tensorflow_text;[^\"]+)\" run (.+?)\n\n",
-                        readme.replace("\\\n", " "), re.S)
-    assert command, "the README shows saved_model_cli run on translate_with_options"
+def test_saved_model_cli_runs_the_serving_pages_translate_with_options_request(
+        exported, loaded, tmp_path):
+    """The serving page's command: saved_model_cli run, with the tensorflow_text ops
+    registered (TF Serving builds include them; saved_model_cli alone does not)."""
+    page = (REPO / "docs" / "serving.md").read_text()
+    command = re.search(r"python -c \"(import sys, tensorflow_text;[^\"]+)\" run (.+?)\n",
+                        page.replace("\\\n", " "), re.S)
+    assert command, "docs/serving.md shows saved_model_cli run on translate_with_options"
     args = shlex.split(command.group(2).replace("saved_models/small_multi30k/1",
                                                 str(exported.version_dir)))
     run([sys.executable, "-c", command.group(1), "run", *args, f"--outdir={tmp_path}"],
