@@ -60,18 +60,16 @@ class SharedEmbedding(keras.layers.Layer):
         d_model] in the compute dtype (the embedding's rows) and either
 
         - in float32, "projection", its transpose [d_model, vocab_size], made once: in
-          float32 a matmul with it is faster at every step than one with transpose_b (64
-          test2016 sentences, `small`, an Ice Lake Xeon: the projection's kernels 185 ->
-          161 ms, bench/profile_decoding.py); or
+          float32 a matmul with it is faster at every step than one with transpose_b
+          (docs/performance-notes.md, "Ranking the vocabulary in two passes"); or
         - in other compute dtypes, "zero_bias" [vocab_size], zeros added to the logits.
           The projection has no bias (section 3.4), but a matmul followed by a bias is
           what TensorFlow hands to oneDNN's fused matmul, and that kernel keeps the
           matrix in its own bfloat16 layout from one step to the next when serving runs
           with TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1; the plain matmul lays it out again at
-          every step (4 MB in `small`). One sentence of `small`, two threads, an AMD
-          EPYC: the projection 514 -> 133 us a step (bench/README.md). The matrix is
-          read with transpose_b: in bfloat16 oneDNN does that as fast, and it skips the
-          transposed copy.
+          every step (docs/performance-notes.md, "The projection's copy and the head
+          splits"). The matrix is read with transpose_b: in bfloat16 oneDNN does that as
+          fast, and it skips the transposed copy.
         """
         matrix = tf.cast(tf.convert_to_tensor(self.embeddings), self.compute_dtype)
         if matrix.dtype == tf.float32:

@@ -15,10 +15,8 @@ def top_k(x, k):
     k best groups. The k best entries lie in those groups: a group outside them has k
     groups above it, whose largest entries all rank above any of its own. A k above half
     the number of groups, or a vocab with no divisor within 2x of its root (or unknown),
-    takes tf.math.top_k itself: on [64, 8,000] (80 groups) two passes took 1.1 against
-    2.4 ms for k = 10 and broke even at k = 50 (one-off timings, an Ice Lake Xeon). On
-    64 test2016 sentences (`small`) beam search's top-k kernels took 80 ms of a 890 ms
-    search in one pass, 21 ms in two (bench/profile_decoding.py).
+    takes tf.math.top_k itself: past that, two passes stop paying (docs/performance-
+    notes.md, "Ranking the vocabulary in two passes", has the timings).
 
     Returns (values float32 [rows, k], indices int32 [rows, k]).
     """

@@ -37,9 +37,9 @@ def stop(message: str, status: int):
     print(f"{program()}: {message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     # What is left is the runtime's teardown: no news (a peer worker's departure, seen by
-    # the coordination service), and now and then tens of seconds of it (bench/resume.py:
-    # a preempted run's line 5.9 s after the SIGTERM, its exit 46.7 s after), which a
-    # cloud's grace period would have to cover.
+    # the coordination service), and now and then tens of seconds of it, which a cloud's
+    # grace period would have to cover (docs/performance.md, "Start-up, resume and
+    # preemption").
     os._exit(status)
 
 

@@ -37,8 +37,8 @@ _NEG_INF = float("-inf")
 # and multiple, not per source length.
 XLA_WIDTH_MULTIPLE = 16
 # translate_xla compiles requests of at most this many sentences; larger ones run translate's
-# search, faster from 8 sentences on (bench/xla_batch_sizes.py: XLA's fixed shapes are
-# 1.2-2.1x translate's search on 1 to 4 sentences, 0.5-1.0x on 8, with 1 or 2 threads).
+# search, which is faster from about 8 sentences on, where every step attending over every
+# position costs more than XLA saves (bench/xla_batch_sizes.py measures where).
 XLA_MAX_BATCH = 4
 
 

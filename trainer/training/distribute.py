@@ -57,9 +57,8 @@ def worker_dir(model_dir: str) -> str:
 
 def default_precision() -> str:
     """float16 on GPUs; on CPUs bfloat16 where the CPU has bfloat16 matmul instructions
-    (AVX-512 BF16 or AMX), else float32. On this project's 2-core AVX-512 BF16 machine the
-    bfloat16 matmul peak is ~1.9x float32 and the Multi30k training step 1.3x
-    (bench/training.py), at the same loss (tests/test_training.py)."""
+    (AVX-512 BF16 or AMX), else float32: there bfloat16 trains faster (docs/performance.md,
+    "Training throughput and MFU") to the same loss (tests/test_training.py)."""
     if tf.config.list_physical_devices("GPU"):
         return "mixed_float16"
     try:
