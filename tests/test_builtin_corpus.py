@@ -182,3 +182,22 @@ def test_negative_sizes_raise():
         splits(train_size=-1)
     with pytest.raises(ValueError):
         splits(eval_size=-1)
+
+
+def test_round_numbers_are_common():
+    """Each three-digit group below the leading one is zero about a quarter of the time
+    (in millions, where distinct round numbers do not run out), so numbers like "three
+    hundred and five thousand" are in the training split by the hundred; drawn uniformly,
+    one in a thousand would be."""
+    train = split_numbers(seed=0)["train"]
+    millions = [n for n in train if n >= 1_000_000]
+    assert 0.2 < sum(n % 1000 == 0 for n in millions) / len(millions) < 0.3
+    assert 0.2 < sum(n // 1000 % 1000 == 0 for n in millions) / len(millions) < 0.3
+    thousands = [n for n in train if 1000 <= n < 1_000_000 and n % 1000 == 0]
+    assert len(thousands) > 500
+    assert all(german(n).endswith("tausend") for n in thousands)
+
+
+def test_the_readmes_example_is_a_builtin_sentence_pair():
+    assert english(builtin_corpus.EXAMPLE_NUMBER) == "three hundred and five thousand"
+    assert german(builtin_corpus.EXAMPLE_NUMBER) == "dreihundertfünftausend"

@@ -156,3 +156,21 @@ def test_tfds_source_reads_the_asked_direction(name):
         with pytest.raises(DataError, match="translates between"):
             sources.select(DataConfig(dataset=f"tfds:{name}", source_lang="en",
                                       target_lang="fr"))
+
+
+def test_the_example_a_run_ends_with_is_in_the_source_language(tmp_path):
+    """The builtin corpus shows the README's example, in either direction; text files
+    their first non-empty validation sentence."""
+    forward = sources.select(DataConfig(), builtin_train_size=50, builtin_eval_size=5)
+    backward = sources.select(DataConfig(source_lang="de", target_lang="en"),
+                              builtin_train_size=50, builtin_eval_size=5)
+    assert forward.example() == builtin_corpus.english(builtin_corpus.EXAMPLE_NUMBER)
+    assert backward.example() == builtin_corpus.german(builtin_corpus.EXAMPLE_NUMBER)
+    train_src = write(tmp_path / "train.en", b"one\ntwo\n")
+    train_tgt = write(tmp_path / "train.de", b"eins\nzwei\n")
+    eval_src = write(tmp_path / "val.en", b"\nthree\nfour\n")
+    eval_tgt = write(tmp_path / "val.de", b"null\ndrei\nvier\n")
+    files = sources.select(DataConfig(train_src=train_src, train_tgt=train_tgt,
+                                      eval_src=eval_src, eval_tgt=eval_tgt))
+    assert files.example() == "three"
+    assert forward.vocab_size == builtin_corpus.VOCAB_SIZE and files.vocab_size is None

@@ -129,6 +129,20 @@ def test_existing_vocabulary_is_loaded_not_retrained(tmp_path, training_text):
         tokenizer_lib.load_or_train(model_dir, must_not_train, vocab_size=1200)
     with pytest.raises(tokenizer_lib.VocabularyError, match="shared vocabulary"):
         tokenizer_lib.load_or_train(model_dir, must_not_train, separate=True)
+    # A source's default size only sizes a new vocabulary: an existing one of another
+    # size (a model directory of an older version) is loaded as it is.
+    kept = tokenizer_lib.load_or_train(model_dir, must_not_train, default_size=600)
+    assert kept.source.vocab_size == 1000
+
+
+def test_a_default_size_sizes_a_new_vocabulary_and_a_given_size_overrides_it(tmp_path,
+                                                                            training_text):
+    sized = tokenizer_lib.load_or_train(str(tmp_path / "a"), lambda: training_text,
+                                        default_size=700)
+    assert sized.source.vocab_size == 700
+    given = tokenizer_lib.load_or_train(str(tmp_path / "b"), lambda: training_text,
+                                        vocab_size=900, default_size=700)
+    assert given.source.vocab_size == 900
 
 
 def test_separate_vocabularies_are_trained_per_language(tmp_path, training_text):

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from keras_transformer import Transformer, TransformerConfig
 
-CONFIG = TransformerConfig.tiny(vocab_size=50)
+CONFIG = TransformerConfig.tiny(vocab_size=50, dropout=0.1)
 
 
 def random_batch(rng, batch=3, src_len=7, tgt_len=6, vocab=50):

@@ -114,6 +114,9 @@ def file_list(paths: Optional[str]) -> List[str]:
 class RunConfig:
     """How to train, as opposed to what (TransformerConfig) and on what (DataConfig).
 
+    The defaults are the builtin recipe's (trainer/flagfiles/builtin.cfg): what
+    `python -m trainer.task` runs with no flags.
+
     Attributes:
       model_dir: checkpoints, vocabulary, config.json and TensorBoard summaries; a second
         run on the same directory resumes.
@@ -128,7 +131,9 @@ class RunConfig:
       warmup_steps, learning_rate_scale: the schedule of section 5.3.
       cooldown: decay the schedule's rate linearly to 0 over this last fraction of the
         run, which ends at train_steps or at the end of max_train_minutes, whichever comes
-        first (trainer/training/cooldown.py); 0: the schedule as it is.
+        first (trainer/training/cooldown.py); 0: the schedule as it is (the paper's, as the
+        WMT recipes keep it). The default, 0.5, is the builtin recipe's: a short run that
+        ends at a small rate gets its last answers right (docs/runs.md).
       eval_every, checkpoint_every, keep_checkpoints, log_every: in updates; validation
         also runs at the end, and eval_every 0 never validates.
       beam_size, alpha: beam search for validation BLEU and the export (section 6.1).
@@ -156,14 +161,14 @@ class RunConfig:
     num_cpu_replicas: int = 0
     warmup_steps: int = 400
     learning_rate_scale: float = 1.0
-    cooldown: float = 0.0
-    eval_every: int = 500
+    cooldown: float = 0.5
+    eval_every: int = 1000
     checkpoint_every: int = 250
     keep_checkpoints: int = 5
     log_every: int = 10
     beam_size: int = 4
     alpha: float = 0.6
-    bleu_sentences: int = 500
+    bleu_sentences: int = 0
     bleu_tokenize: str = "13a"
     max_train_minutes: float = 0.0
     average_last: int = 0

@@ -52,14 +52,28 @@ German conventions:
 Splits: `split_numbers` samples distinct numbers so that every magnitude is
 covered (a digit count uniformly from 1..9, then a number with that many
 digits; a digit count whose numbers are used up is not drawn again), shuffles
-them and cuts them into test, validation and train. No number appears twice in
-the corpus, so the splits are disjoint. The result is a function of
-(seed, train_size, eval_size).
+them and cuts them into test, validation and train. Each three-digit group
+below the leading one is zero a quarter of the time (less below a million,
+where distinct round numbers run out), so round numbers ("three hundred and
+five thousand", "two million") are common, as they are in text: drawn
+uniformly, one number in a thousand would end in "thousand", and a model
+trained on those learns that "tausend" is always followed by more. No number
+appears twice in the corpus, so the splits are disjoint. The result is a
+function of (seed, train_size, eval_size).
 """
 
 import random
 
 MAX_NUMBER = 999_999_999
+# The corpus' vocabulary when none is asked for. German number words are compounds of
+# about 40 morphemes ("drei", "hundert", "und", "zwanzig"); with pieces near those, a
+# model learns how they compose, where the size the default rule gives (about 1,700,
+# many whole compounds) leaves each compound to be learned from the few sentences that
+# have it, and a quick model gets several times as many numbers wrong (docs/runs.md).
+VOCAB_SIZE = 500
+# The number the README's Quick start translates, and the main job translates at its end:
+# "three hundred and five thousand" -> "dreihundertfünftausend".
+EXAMPLE_NUMBER = 305_000
 
 _ENGLISH_BELOW_20 = (
     "zero", "one", "two", "three", "four", "five", "six", "seven", "eight",
@@ -192,10 +206,18 @@ def _count_with_digits(digits):
     return 10 if digits == 1 else 9 * 10 ** (digits - 1)
 
 
+ROUND_GROUP_PROBABILITY = 0.25
+
+
 def _sample_with_digits(rng, digits):
-    """A uniform random number with exactly `digits` decimal digits."""
+    """A random number with exactly `digits` decimal digits: uniform, then each
+    three-digit group below the leading one zeroed with ROUND_GROUP_PROBABILITY."""
     low = 0 if digits == 1 else 10 ** (digits - 1)
-    return rng.randrange(low, 10**digits)
+    n = rng.randrange(low, 10**digits)
+    for group in (1, 1000):  # the units, then the thousands
+        if n >= 1000 * group and rng.random() < ROUND_GROUP_PROBABILITY:
+            n -= n // group % 1000 * group
+    return n
 
 
 def split_numbers(seed: int = 0, train_size: int = 20000,

@@ -326,7 +326,7 @@ def build(source: sources_lib.Source, model_dir: str, config: DataConfig = DataC
     tokenizers = tokenizer_lib.load_or_train(
         model_dir, lambda: source.texts("train", config.vocab_sample_pairs),
         vocab_size=config.vocab_size, separate=config.separate_vocabularies,
-        model_type=config.subword_model)
+        model_type=config.subword_model, default_size=source.vocab_size)
     train = [cached_counts(corpus, tokenizers, config.max_len, model_dir) for corpus in corpora]
     counts = {"train": sum(train[1:], train[0]),
               eval_split: count_split(source.pairs(eval_split), tokenizers, config.max_len)}

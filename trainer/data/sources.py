@@ -67,9 +67,12 @@ class Corpus:
 
 
 class Source(abc.ABC):
-    """Sentence pairs by split. `description` names the source in reports."""
+    """Sentence pairs by split. `description` names the source in reports;
+    `vocab_size`, when not None, is the vocabulary size this source is learned best
+    with, used when none is asked for (None: sized to the corpus)."""
 
     description: str
+    vocab_size: Optional[int] = None
 
     @property
     @abc.abstractmethod
@@ -95,6 +98,14 @@ class Source(abc.ABC):
         corpora one after the other)."""
         return functools.reduce(lambda a, b: a.concatenate(b),
                                 [corpus.pairs for corpus in self.corpora(split)])
+
+    def example(self) -> str:
+        """A source sentence to show a trained model on: the first non-empty one of
+        the validation split."""
+        for source, target in self.pairs("validation").as_numpy_iterator():
+            if source.strip() and target.strip():
+                return source.decode("utf-8")
+        raise DataError(f"{self.description} has no non-empty validation pair")
 
     def texts(self, split: str, max_pairs: Optional[int] = None
               ) -> Tuple[List[str], List[str]]:
@@ -134,7 +145,10 @@ class BuiltinSource(Source):
                             f"not {source_lang!r} -> {target_lang!r}")
         self._splits = builtin_corpus.splits(seed=seed, train_size=train_size,
                                              eval_size=eval_size)
+        self.vocab_size = builtin_corpus.VOCAB_SIZE
         self._reverse = source_lang == "de"
+        self._example = (builtin_corpus.german if self._reverse else builtin_corpus.english)(
+            builtin_corpus.EXAMPLE_NUMBER)
         self.description = (f"builtin number words {source_lang}->{target_lang} "
                             f"(seed={seed})")
 
@@ -144,6 +158,10 @@ class BuiltinSource(Source):
 
     def size(self, split):
         return len(self._splits[split][0])
+
+    def example(self):
+        """The README's example, "three hundred and five thousand" (or its German)."""
+        return self._example
 
     def _corpora(self, split):
         english, german = self._splits[split]

@@ -221,7 +221,8 @@ def load_or_train(model_dir: str,
                   sentences: Callable[[], Tuple[Sequence[str], Sequence[str]]],
                   vocab_size: Optional[int] = None,
                   separate: bool = False,
-                  model_type: str = "bpe") -> Tokenizers:
+                  model_type: str = "bpe",
+                  default_size: Optional[int] = None) -> Tokenizers:
     """Loads the vocabulary from `model_dir`, or trains and saves it there.
 
     Args:
@@ -229,11 +230,13 @@ def load_or_train(model_dir: str,
         SentencePiece model(s).
       sentences: called only when training is needed; returns (source sentences,
         target sentences), the sample to learn from.
-      vocab_size: pieces per vocabulary; None = `default_vocab_size` of the text
-        each vocabulary is trained on. When a vocabulary already exists, a given
-        size must match it.
+      vocab_size: pieces per vocabulary; None = `default_size`. When a vocabulary
+        already exists, a given size must match it.
       separate: separate source and target vocabularies instead of a shared one.
       model_type: "bpe" or "unigram".
+      default_size: the size a new vocabulary gets when vocab_size is None (the
+        source's own, `Source.vocab_size`); None: `default_vocab_size` of the text each
+        vocabulary is trained on. An existing vocabulary is loaded whatever its size.
     """
     shared_path = os.path.join(model_dir, SHARED_MODEL)
     source_path = os.path.join(model_dir, SOURCE_MODEL)
@@ -258,14 +261,15 @@ def load_or_train(model_dir: str,
     else:
         tf.io.gfile.makedirs(model_dir)
         source_text, target_text = sentences()
+        size = vocab_size if vocab_size is not None else default_size
         if separate:
-            source = Tokenizer(train_sentencepiece(source_text, vocab_size, model_type))
-            target = Tokenizer(train_sentencepiece(target_text, vocab_size, model_type))
+            source = Tokenizer(train_sentencepiece(source_text, size, model_type))
+            target = Tokenizer(train_sentencepiece(target_text, size, model_type))
             source.save(source_path)
             target.save(target_path)
             return Tokenizers(source, target)
         shared = Tokenizer(train_sentencepiece(list(source_text) + list(target_text),
-                                               vocab_size, model_type))
+                                               size, model_type))
         shared.save(shared_path)
         return Tokenizers(shared, shared)
 

@@ -2,7 +2,8 @@
 does what `python -m trainer.task` does, from plain configs (trainer/config.py).
 
     strategy -> data (vocabulary, counts) -> config.json -> model, optimizer, checkpoints
-    -> Trainer.train() with validation -> SavedModel export (the chief)
+    -> Trainer.train() with validation -> SavedModel export (the chief) -> one example
+    translated through the export
 """
 
 import dataclasses
@@ -14,7 +15,7 @@ from keras_transformer import Transformer, TransformerConfig
 from trainer.config import DataConfig, RunConfig
 from trainer.data import input_pipeline, sources
 from trainer.data.tokenizer import Tokenizers
-from trainer.serving import saved_model
+from trainer.serving import client, saved_model
 from trainer.training import distribute, model_dir as model_dir_lib
 from trainer.training.checkpointing import Checkpointer
 from trainer.training.moving_average import MovingAverage
@@ -59,9 +60,10 @@ def train_and_export(model_config: TransformerConfig, data_config: DataConfig, r
                      log: Callable[[str], None] = print) -> Optional[str]:
     """Trains (or resumes) the run in run.model_dir and exports it to run.export_dir.
 
-    model_config's vocabulary size is replaced by the trained vocabulary's.
-    Returns the export's path (None without run.export_dir, or on another worker than
-    the chief). Raises DataError, VocabularyError or ValueError (the data or model
+    model_config's vocabulary size is replaced by the trained vocabulary's. After the
+    export, logs the export's translation of the source's example sentence
+    (`Source.example`). Returns the export's path (None without run.export_dir, or on
+    another worker than the chief). Raises DataError, VocabularyError or ValueError (the data or model
     directory cannot serve this run) before training, TrainingError during it.
     """
     strategy = distribute.make_strategy(run.num_cpu_replicas)
@@ -94,5 +96,10 @@ def train_and_export(model_config: TransformerConfig, data_config: DataConfig, r
                               alpha=run.alpha, average_last=run.average_last,
                               weights=run.export_weights)
     log(f"exported SavedModel to {path}")
+    # What `python -m trainer.translate` would print for one sentence: the export itself,
+    # loaded as a server loads it, translates (the builtin corpus: the README's example).
+    example = source.example()
+    translation, = client.translate_lines(saved_model.load(path), [example])
+    log(f"example through the export: {example} -> {translation}")
     return path
 

@@ -1,0 +1,54 @@
+"""The README's Quick start comes out as printed: the main job (`python -m trainer.task` with
+no flags, as the README runs it) trains a model that gets the builtin validation set right
+and ends by translating the README's example, and the README's "try the export" block, run
+as written, prints what the README says it prints."""
+
+import re
+import subprocess
+
+import pytest
+
+from conftest import REPO, _env, run
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("quick_start")]
+
+
+def quick_start_blocks():
+    """The ```bash blocks of the README's Quick start section, in order."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = re.search(r"^## Quick start\n(.+?)^## ", readme, re.S | re.M).group(1)
+    return re.findall(r"```bash\n(.+?)```", section, re.S)
+
+
+def test_the_quick_start_has_the_set_up_commands_ci_runs_and_an_example():
+    setup, example = quick_start_blocks()
+    ci = (REPO / ".ci" / "run").read_text()
+    test_command = next(line for line in setup.splitlines() if "pytest" in line)
+    assert test_command in ci
+    assert "pip install -e . && python -m trainer.task" in setup.splitlines()
+    assert "python -m trainer.translate" in example and "\n# " in example
+
+
+def test_the_main_job_translates_the_readmes_example_as_printed(tmp_path):
+    setup, example = quick_start_blocks()
+    # The main job as the README runs it, after its `pip install -e . &&` (done by CI).
+    main_job = next(line for line in setup.splitlines() if "python -m trainer.task" in line)
+    main_job = main_job.split("&&")[-1].strip()
+    assert main_job == "python -m trainer.task"
+    job = run(["bash", "-c", main_job], cwd=tmp_path, env=_env(), timeout=1200)
+    job_output = job.stdout.decode("utf-8")
+
+    final = re.search(r"^final: .*exact_match ([0-9.]+)", job_output, re.M)
+    assert final and float(final.group(1)) >= 0.998, job_output[-2000:]
+    sentence = re.search(r'echo "([^"]+)"', example).group(1)
+    printed = re.search(r"^# (.+)$", example, re.M).group(1)
+    assert f"example through the export: {sentence} -> {printed}" in job_output, \
+        job_output[-2000:]
+
+    # The README's block, as written, in the directory the main job ran in.
+    commands = "\n".join(line for line in example.splitlines()
+                         if line.strip() and not line.startswith("#"))
+    result = subprocess.run(["bash", "-c", commands], cwd=tmp_path, env=_env(),
+                            capture_output=True, timeout=600)
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    assert result.stdout.decode("utf-8") == printed + "\n"
