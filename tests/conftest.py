@@ -118,3 +118,10 @@ def sources(n: int):
     """n different sentences of the builtin corpus' source language (English numbers)."""
     from trainer.data import builtin_corpus
     return [builtin_corpus.english(7 + 389 * i) for i in range(n)]
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files that train a model of their own (an xdist_group, each on one worker) take
+    the longest: they start first, so that the short tests fill in beside them instead of
+    leaving a worker idle while the last of them runs alone."""
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
