@@ -1,10 +1,12 @@
 """The README's Quick start comes out as printed: the main job (`python -m trainer.task` with
 no flags, as the README runs it) trains a model that gets the builtin validation set right
 and ends by translating the README's example, and the README's "try the export" block, run
-as written, prints what the README says it prints."""
+as written, prints what the README says it prints. The README's Python blocks (the library
+in ten lines, loading the export) run as written beside it."""
 
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -52,3 +54,11 @@ def test_the_main_job_translates_the_readmes_example_as_printed(tmp_path):
                             capture_output=True, timeout=600)
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
     assert result.stdout.decode("utf-8") == printed + "\n"
+
+    # The README's Python: train with compile/fit, then load the main job's export.
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    fit, load = re.findall(r"```python\n(.+?)```", readme, re.S)
+    assert "model.fit(" in fit and "tf.saved_model.load(" in load
+    run([sys.executable, "-c", fit], cwd=tmp_path, env=_env())
+    loaded = run([sys.executable, "-c", load], cwd=tmp_path, env=_env())
+    assert b"einundzwanzig" in loaded.stdout
