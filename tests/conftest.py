@@ -56,6 +56,28 @@ def _train_and_export(root: Path) -> Exported:
     return Exported(model_dir, export_dir, export_dir / "1", stdout.read_text())
 
 
+@dataclasses.dataclass(frozen=True)
+class MainJob:
+    directory: Path
+    stdout: str
+
+
+# The main job as the README runs it: `python -m trainer.task` with no flags.
+MAIN_JOB = "python -m trainer.task"
+
+
+@pytest.fixture(scope="session")
+def main_job(tmp_path_factory) -> MainJob:
+    """The README's main job, run once in a fresh directory by the files of the
+    xdist_group "main_job" (one worker): runs/tiny_builtin and saved_models/tiny_builtin
+    there are a model that translates the builtin corpus."""
+    if "main_job" not in _CACHE:
+        directory = tmp_path_factory.mktemp("main_job")
+        job = run(["bash", "-c", MAIN_JOB], cwd=directory, env=_env(), timeout=1200)
+        _CACHE["main_job"] = MainJob(directory, job.stdout.decode("utf-8"))
+    return _CACHE["main_job"]
+
+
 def _session_directory(tmp_path_factory, name: str):
     """(directory, lock) for what the whole test run shares: a fresh directory, or under
     pytest-xdist the one all workers share (beside their own), with an exclusive lock

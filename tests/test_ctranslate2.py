@@ -10,28 +10,26 @@ import pytest
 from conftest import REPO, _env, run, sources
 
 import ctranslate2  # in the test extra
-# One worker runs this file (pytest-xdist --dist loadgroup): its model is trained once.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ctranslate2")]
+# One worker runs this file and test_quick_start (pytest-xdist --dist loadgroup): the main
+# job's model is trained once for both.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("main_job")]
 
 # Keeps CTranslate2 off PAD and BOS, which our search never emits.
 SUPPRESS = [["<pad>"], ["<s>"]]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny model trained until it translates the builtin corpus (600 updates:
-    validation BLEU ~98 in a run that validates), exported as a SavedModel and as a float32 CTranslate2 model by the real CLIs."""
-    root = tmp_path_factory.mktemp("ct2")
-    model_dir, export_dir, ct2_dir = root / "model", root / "export", root / "ct2"
-    run([sys.executable, "-m", "trainer.task", "--train_steps=600", "--warmup_steps=200",
-         "--eval_every=0", "--checkpoint_every=600",
-         "--log_every=600", f"--model_dir={model_dir}", f"--export_dir={export_dir}"],
-        cwd=root, env=_env())
+def trained(main_job, tmp_path_factory):
+    """The README's main job's model (conftest.main_job: it translates the builtin corpus),
+    exported as a float32 CTranslate2 model by the real CLI: (model directory, its
+    SavedModel version, the CTranslate2 directory)."""
+    model_dir = main_job.directory / "runs" / "tiny_builtin"
+    ct2_dir = tmp_path_factory.mktemp("ct2") / "ct2"
     result = run([sys.executable, "-m", "trainer.export", f"--model_dir={model_dir}",
                   "--format=ctranslate2", "--quantization=float32", f"--export_dir={ct2_dir}"],
                  cwd=REPO, env=_env())
     assert str(ct2_dir) in result.stdout.decode()
-    return model_dir, export_dir / "1", ct2_dir
+    return model_dir, main_job.directory / "saved_models" / "tiny_builtin" / "1", ct2_dir
 
 
 def _ct2_translate(model_dir, texts, beam_size, alpha, max_decoding_length):

@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
-from conftest import REPO, _env, run
+from conftest import MAIN_JOB, REPO, _env, run
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("quick_start")]
+# With test_ctranslate2, which uses the same main job's model (conftest.main_job).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("main_job")]
 
 
 def quick_start_blocks():
@@ -31,14 +32,12 @@ def test_the_quick_start_has_the_set_up_commands_ci_runs_and_an_example():
     assert "python -m trainer.translate" in example and "\n# " in example
 
 
-def test_the_main_job_translates_the_readmes_example_as_printed(tmp_path):
+def test_the_main_job_translates_the_readmes_example_as_printed(main_job):
     setup, example = quick_start_blocks()
     # The main job as the README runs it, after its `pip install -e . &&` (done by CI).
-    main_job = next(line for line in setup.splitlines() if "python -m trainer.task" in line)
-    main_job = main_job.split("&&")[-1].strip()
-    assert main_job == "python -m trainer.task"
-    job = run(["bash", "-c", main_job], cwd=tmp_path, env=_env(), timeout=1200)
-    job_output = job.stdout.decode("utf-8")
+    main_job_line = next(line for line in setup.splitlines() if "python -m trainer.task" in line)
+    assert main_job_line.split("&&")[-1].strip() == MAIN_JOB
+    job_output, directory = main_job.stdout, main_job.directory
 
     final = re.search(r"^final: .*exact_match ([0-9.]+)", job_output, re.M)
     assert final and float(final.group(1)) >= 0.998, job_output[-2000:]
@@ -50,7 +49,7 @@ def test_the_main_job_translates_the_readmes_example_as_printed(tmp_path):
     # The README's block, as written, in the directory the main job ran in.
     commands = "\n".join(line for line in example.splitlines()
                          if line.strip() and not line.startswith("#"))
-    result = subprocess.run(["bash", "-c", commands], cwd=tmp_path, env=_env(),
+    result = subprocess.run(["bash", "-c", commands], cwd=directory, env=_env(),
                             capture_output=True, timeout=600)
     assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
     assert result.stdout.decode("utf-8") == printed + "\n"
@@ -59,6 +58,6 @@ def test_the_main_job_translates_the_readmes_example_as_printed(tmp_path):
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     fit, load = re.findall(r"```python\n(.+?)```", readme, re.S)
     assert "model.fit(" in fit and "tf.saved_model.load(" in load
-    run([sys.executable, "-c", fit], cwd=tmp_path, env=_env())
-    loaded = run([sys.executable, "-c", load], cwd=tmp_path, env=_env())
+    run([sys.executable, "-c", fit], cwd=directory, env=_env())
+    loaded = run([sys.executable, "-c", load], cwd=directory, env=_env())
     assert b"einundzwanzig" in loaded.stdout
