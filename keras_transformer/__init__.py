@@ -11,7 +11,7 @@ use imports every layer, so all of them are registered for `keras.saving.load_mo
 
 import importlib
 
-from keras_transformer.config import PRESETS, TransformerConfig
+from keras_transformer.config import PRESETS, DecodeConfig, TransformerConfig
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 __version__ = "0.1.0"
@@ -19,8 +19,8 @@ __version__ = "0.1.0"
 # Public names that need TensorFlow, by the module that defines them.
 _LAZY = {
     "attention": ("MultiHeadAttention", "scaled_dot_product_attention"),
-    "decoding": ("DecodeResult", "beam_search", "greedy_search", "length_penalty",
-                 "sequence_log_probs"),
+    "beam": ("beam_search",),
+    "decoding": ("DecodeResult", "greedy_search", "length_penalty", "sequence_log_probs"),
     "decoder": ("Decoder", "DecoderLayer"),
     "dropout": ("Dropout",),
     "embedding": ("SharedEmbedding",),
@@ -40,7 +40,7 @@ _LAZY = {
 }
 _MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
 
-__all__ = ["PRESETS", "TransformerConfig", "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID",
+__all__ = ["PRESETS", "DecodeConfig", "TransformerConfig", "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID",
            *sorted(_MODULE_OF)]
 
 

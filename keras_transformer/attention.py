@@ -130,8 +130,7 @@ class MultiHeadAttention(keras.layers.Layer):
       d_model: width of the queries, values and the output.
       key_dim: d_k per head. Defaults to None, d_model / h.
       value_dim: d_v per head. Defaults to None, d_model / h.
-      dropout: the dropout rate on the attention weights (not in the paper). Defaults
-        to 0.0.
+      dropout: the dropout rate on the attention weights (not in the paper; 0.0).
 
     Call:
       query [batch, q_len, d_model], value [batch, k_len, d_model],
@@ -159,8 +158,7 @@ class MultiHeadAttention(keras.layers.Layer):
         super().__init__(**kwargs)
         if (key_dim is None or value_dim is None) and d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
-        self.num_heads = num_heads
-        self.d_model = d_model
+        self.num_heads, self.d_model = num_heads, d_model
         self.key_dim = key_dim or d_model // num_heads
         self.value_dim = value_dim or d_model // num_heads
         self.dropout = dropout

@@ -1,4 +1,5 @@
-"""TransformerConfig: every hyperparameter of the model in one dataclass.
+"""TransformerConfig: every hyperparameter of the model in one dataclass; DecodeConfig:
+every setting of the search that translates with it.
 
 Presets are named after the paper's rows ("Attention Is All You Need", Table 3):
 `base` and `big`; every other row is `dataclasses.replace(TransformerConfig.base(...), ...)`.
@@ -135,3 +136,44 @@ class TransformerConfig:
 
 
 PRESETS = ("tiny", "small", "base", "big")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """How a trained model translates (paper section 6.1: "beam search with a beam size
+    of 4 and length penalty alpha = 0.6 ... maximum output length during inference to
+    input length + 50"). The one place these values are written: the library's searches,
+    validation, the export and its clients all read them from here.
+
+    Attributes:
+      beam_size: hypotheses kept per input (1: greedy search).
+      alpha: the length penalty's exponent, ((5 + length) / 6) ** alpha (0: none).
+      max_extra_length: an output has at most the input's tokens + 1 + this many tokens,
+        EOS included (and never more than the model's positions allow).
+      max_beam_size: the largest beam (and number of samples) a client of an export may
+        ask for per request; it bounds a request's work and output.
+    """
+
+    beam_size: int = 4
+    alpha: float = 0.6
+    max_extra_length: int = 50
+    max_beam_size: int = 8
+
+    def __post_init__(self):
+        if self.beam_size < 1 or self.max_beam_size < 1:
+            raise ValueError(f"beam_size and max_beam_size must be at least 1, got "
+                             f"{self.beam_size} and {self.max_beam_size}")
+        if self.alpha < 0 or self.max_extra_length < 0:
+            raise ValueError(f"alpha and max_extra_length must not be negative, got "
+                             f"{self.alpha} and {self.max_extra_length}")
+
+    def to_dict(self) -> dict:
+        """The fields as a JSON-ready dict; `from_dict` reads it back."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "DecodeConfig":
+        """The config of `fields`' decoding keys (other keys are ignored, missing ones
+        take the paper's values): reads an export's export.json."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in fields.items() if k in names})

@@ -1,43 +1,45 @@
-"""Beam search and greedy decoding in TensorFlow (paper section 6.1), and the
-teacher-forced log-probability of given targets (sampling, which shares greedy search's
-loop: keras_transformer/sampling.py).
+"""Decoding (paper section 6.1): what every search shares, and greedy search.
+
+Also the teacher-forced log-probability of given targets. Beam search
+(keras_transformer/beam.py) and sampling (keras_transformer/sampling.py) build on this
+module.
 
 Section 6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6 ...
 maximum output length during inference to input length + 50, but terminate early
-when possible." The length penalty is that of Wu et al. (2016):
-lp(Y) = ((5 + |Y|) / 6)^alpha, and a hypothesis scores log P(Y | X) / lp(Y).
+when possible" (keras_transformer.config.DecodeConfig holds these values). The length
+penalty is that of Wu et al. (2016): lp(Y) = ((5 + |Y|) / 6)^alpha, and a hypothesis
+scores log P(Y | X) / lp(Y).
 
 Everything is plain TensorFlow: it traces inside a `tf.function` whose inputs have
-unknown batch and length. The search is shaped for CPU serving cost rather than for
-XLA's fixed shapes: the self-attention cache grows by one position per step (writing
-a position costs O(1), attending costs O(position)), a sentence's beams share its
-encoder-decoder keys and values (never copied per beam), and a sentence whose n-best
-can no longer change leaves the batch. `beam_search(..., fixed_shapes=True)` is the same
-search on shapes that never change, for XLA, which fuses a step's hundreds of small ops
-(faster on one sentence, slower on large batches; see bench/README.md).
-
-Every search takes its settings as Python values or as scalar tensors (a SavedModel
-signature's inputs: one trace serves every beam size), and may be given a target prefix:
-tokens every output starts with, as if a translator had typed them, scored by the model
-(their log-probabilities are in the results) and followed by the search.
+unknown batch and length. Every search takes its settings as Python values or as scalar
+tensors (a SavedModel signature's inputs: one trace serves every beam size), and may be
+given a target prefix: tokens every output starts with, as if a translator had typed
+them, scored by the model (their log-probabilities are in the results) and followed by
+the search.
 
 Ids are the project's (keras_transformer.special_ids): pad 0, BOS 2 (position 0 of
-every target), EOS 3. Outputs never contain PAD or BOS before their EOS; every output ends with EOS,
-which is forced at a sentence's maximum length.
+every target), EOS 3. Outputs never contain PAD or BOS before their EOS; every output
+ends with EOS, which is forced at a sentence's maximum length.
 """
 
-import functools
 from typing import NamedTuple
 
 import tensorflow as tf
 
-from keras_transformer.attention import ELEMENTWISE_MAX_ROWS
+from keras_transformer.config import DecodeConfig
 from keras_transformer.masking import padding_mask
-from keras_transformer.ranking import top_k
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 from keras_transformer.transformer import shift_right
-# Section 6.1: outputs are at most input length + 50 tokens.
-EXTRA_LENGTH = 50
+
+
+def __getattr__(name):
+    """`beam_search`, from keras_transformer.beam, imported on first use.
+
+    That module builds on this one, so neither imports the other while it loads."""
+    if name == "beam_search":
+        from keras_transformer.beam import beam_search
+        return beam_search
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class DecodeResult(NamedTuple):
@@ -76,8 +78,9 @@ def length_penalty(length, alpha):
 
 
 def sequence_log_probs(model, source_ids, target_ids):
-    """log P(target | source) under teacher forcing: the sum of the log-softmax of
-    each target token given BOS and the tokens before it.
+    """log P(target | source) under teacher forcing.
+
+    The sum of the log-softmax of each target token given BOS and the tokens before it.
 
     Args:
       model: a Transformer.
@@ -97,7 +100,8 @@ def sequence_log_probs(model, source_ids, target_ids):
     return tf.reduce_sum(tf.where(target_ids != PAD_ID, token_log_probs, 0.0), axis=1)
 
 
-def greedy_search(model, source_ids, alpha=0.6, extra_length=EXTRA_LENGTH, use_cache=True,
+def greedy_search(model, source_ids, alpha=DecodeConfig.alpha,
+                  extra_length=DecodeConfig.max_extra_length, use_cache=True,
                   target_prefix=None):
     """Greedy decoding: the most probable token at each step, until EOS.
 
@@ -120,15 +124,16 @@ def greedy_search(model, source_ids, alpha=0.6, extra_length=EXTRA_LENGTH, use_c
 
 def single_path_search(model, source_ids, choose, alpha, extra_length, use_cache,
                        target_prefix):
-    """One output per row, what greedy search and sampling (keras_transformer.sampling)
-    share: at each step choose(log-probs [batch, vocab] with the tokens not allowed at
-    -inf, step) -> int32 [batch] picks the next token, until EOS. Arguments as
+    """One output per row: what greedy search and sampling (keras_transformer.sampling) share.
+
+    At each step choose(log-probs [batch, vocab] with the tokens not allowed at -inf,
+    step) -> int32 [batch] picks the next token, until EOS. Arguments as
     `greedy_search`; returns a DecodeResult with beam = 1."""
     source_ids = tf.cast(source_ids, tf.int32)
     batch = tf.shape(source_ids)[0]
-    width, max_lengths = _decode_lengths(model, source_ids, extra_length)
-    state, step = _step_function(model, source_ids, width, use_cache)
-    prefix = _Prefix.of(target_prefix)
+    width, max_lengths = decode_lengths(model, source_ids, extra_length)
+    state, step = step_function(model, source_ids, width, use_cache)
+    prefix = TargetPrefix.of(target_prefix)
 
     def cond(i, seqs, log_probs, finished, state):
         return (i < width) & ~tf.reduce_all(finished)
@@ -141,16 +146,16 @@ def single_path_search(model, source_ids, choose, alpha, extra_length, use_cache
         tokens = choose(token_log_probs, i)  # [batch]
         tokens = tf.where(finished, PAD_ID, tokens)
         log_probs += tf.where(finished, 0.0, tf.gather(token_log_probs, tokens, batch_dims=1))
-        seqs = _write(seqs, i + 1, tokens)
+        seqs = write_tokens(seqs, i + 1, tokens)
         return i + 1, seqs, log_probs, finished | (tokens == EOS_ID), state
 
-    seqs = _write(tf.zeros(tf.stack([batch, width + 1]), tf.int32), 0,
-                  tf.fill(tf.stack([batch]), BOS_ID))  # [batch, width + 1]
+    seqs = write_tokens(tf.zeros(tf.stack([batch, width + 1]), tf.int32), 0,
+                        tf.fill(tf.stack([batch]), BOS_ID))  # [batch, width + 1]
     log_probs = tf.zeros(tf.stack([batch]))
     finished = tf.zeros(tf.stack([batch]), tf.bool)
     loop_vars = (tf.constant(0), seqs, log_probs, finished, state)
     _, seqs, log_probs, _, _ = tf.while_loop(cond, body, loop_vars,
-                                             shape_invariants=_growing(loop_vars))
+                                             shape_invariants=growing_shapes(loop_vars))
     ids = seqs[:, None, 1:]  # [batch, 1, width]
     lengths = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1)  # [batch, 1]
     log_probs = log_probs[:, None]
@@ -163,17 +168,19 @@ def most_probable(log_probs, step):
     return tf.argmax(log_probs, axis=-1, output_type=tf.int32)
 
 
-class _Prefix(NamedTuple):
-    """A target prefix: tokens int32 [batch, width >= 1] (0-padded) and lengths int32
-    [batch] (0: none), which outputs must start with."""
+class TargetPrefix(NamedTuple):
+    """A target prefix, the tokens outputs must start with.
+
+    tokens: int32 [batch, width >= 1], 0-padded; lengths: int32 [batch] (0: none)."""
 
     tokens: tf.Tensor
     lengths: tf.Tensor
 
     @classmethod
     def of(cls, target_prefix):
-        """The prefix of int [batch, prefix_len] `target_prefix`, 0-padded; None for None
-        (a search without a prefix has no forcing ops at all)."""
+        """The prefix of int [batch, prefix_len] `target_prefix`, 0-padded, or None.
+
+        None for None: a search without a prefix has no forcing ops at all."""
         if target_prefix is None:
             return None
         tokens = tf.cast(target_prefix, tf.int32)
@@ -182,10 +189,12 @@ class _Prefix(NamedTuple):
         return cls(tf.pad(tokens, [[0, 0], [0, 1]]), lengths)
 
     def force(self, log_probs, position, max_lengths, rows=None):
-        """log_probs [rows, vocab] of the output token at `position` (0-based) with every
-        token but the prefix's at -inf on rows still inside their prefix; a prefix is
-        cut where only EOS fits (max_lengths [rows]). rows: int32 [rows], this prefix's
-        row of each (default: the same row)."""
+        """log_probs [rows, vocab] with only the prefix's token allowed inside the prefix.
+
+        The output token is at `position` (0-based); every token but the prefix's goes to
+        -inf on rows still inside their prefix, and a prefix is cut where only EOS fits
+        (max_lengths [rows]). rows: int32 [rows], this prefix's row of each (default:
+        the same row)."""
         tokens, lengths = self.tokens, self.lengths
         if rows is not None:
             tokens, lengths = tf.gather(tokens, rows), tf.gather(lengths, rows)
@@ -197,192 +206,11 @@ class _Prefix(NamedTuple):
         return tf.where(keep, log_probs, float("-inf"))
 
 
-class _Hypotheses(NamedTuple):
-    """Finished hypotheses of each sentence: seqs int32 [n, beam, width + 1] (BOS
-    first), scores and log_probs float32 [n, beam], by decreasing score (-inf: empty)."""
+def decode_lengths(model, source_ids, extra_length):
+    """(width, max_lengths int32 [batch]): the output buffer width, each output's limit.
 
-    seqs: tf.Tensor
-    scores: tf.Tensor
-    log_probs: tf.Tensor
-
-
-def beam_search(model, source_ids, beam_size=4, alpha=0.6, extra_length=EXTRA_LENGTH,
-                use_cache=True, num_hypotheses=None, target_prefix=None, fixed_shapes=False):
-    """Beam search with the length penalty of Wu et al. (2016), section 6.1.
-
-    Each step extends every live beam by every token and keeps the 2 * beam_size
-    best candidates: those ending in EOS enter the fixed-size set of finished
-    hypotheses (ranked by log-prob / lp), the best beam_size others stay live (ranked
-    by log-prob). A sentence is done when its first num_hypotheses finished are there
-    and no live beam can still enter them: a live beam's score can reach at most its
-    log-prob divided by the largest lp it can still have (lp(max length) for
-    alpha >= 0), since log-probs only decrease. So the early exit never changes the
-    first num_hypotheses of the returned n-best. A done sentence leaves the batch (its
-    rows are no longer computed), and the loop stops when no sentence is left.
-
-    With a target prefix, each sentence's search starts from the single hypothesis
-    BOS + prefix, scored by teacher forcing: while a sentence is inside its prefix every
-    token but the prefix's is excluded, so only that hypothesis stays live.
-
-    Args:
-      model: a Transformer.
-      source_ids: int [batch, src_len], 0-padded.
-      beam_size: number of live beams and of returned hypotheses per sentence.
-      alpha: length penalty exponent (section 6.1: 0.6; 0 ranks by log-prob).
-      extra_length: a sentence's output has at most (its non-pad source tokens +
-        extra_length) tokens, and at most config.max_length - 1.
-      use_cache: True decodes one position per step with `model.decode_step`; False
-        recomputes `model.decode` over the whole prefix (for tests and benchmarks).
-      num_hypotheses: how many of the returned hypotheses must be exactly the best
-        the search can find, 1 to beam_size (default): 1 when only the best
-        translation is used stops as soon as it is certain, and the others are then
-        finished hypotheses ranked as found, not necessarily the 2nd.. best.
-      target_prefix: None, or int [batch, prefix_len], 0-padded (PAD, BOS and EOS are
-        not tokens a prefix holds): each output starts with its row's tokens, cut where
-        the sentence's maximum length leaves room only for EOS.
-      fixed_shapes: no tensor changes shape from step to step, for XLA
-        (`tf.function(jit_compile=True)`, given a source of fixed shape): the cache has
-        every position the search may decode (written at each step, attended under a
-        mask), and a done sentence stays in the batch with its results kept. Same
-        results; without XLA it is slower (every step costs as much as the last).
-    beam_size, alpha, extra_length and num_hypotheses may be scalar tensors (the caller
-    then keeps 1 <= num_hypotheses <= beam_size and extra_length >= 0).
-    Returns:
-      DecodeResult with beam = beam_size, hypotheses sorted by score.
-    """
-    num_hypotheses = beam_size if num_hypotheses is None else num_hypotheses
-    if not any(map(tf.is_tensor, (beam_size, num_hypotheses))) and not (
-            1 <= num_hypotheses <= beam_size):
-        raise ValueError(f"num_hypotheses must be in 1..beam_size={beam_size}, "
-                         f"got {num_hypotheses}")
-    source_ids = tf.cast(source_ids, tf.int32)
-    batch = tf.shape(source_ids)[0]
-    vocab = model.config.vocab_size
-    width, max_lengths = _decode_lengths(model, source_ids, extra_length)
-    state, step = _step_function(model, source_ids, width, use_cache, beam_size,
-                                 fixed_shapes)
-    prefix = _Prefix.of(target_prefix)
-    neg_inf = tf.constant(float("-inf"))
-
-    # `sentences`: the batch indices of the n sentences still searching, int32 [n]; with
-    # fixed shapes, bool [batch], True for those (n = batch: no sentence leaves).
-    def cond(i, sentences, live_seqs, live_log_probs, finished, max_lengths, state,
-             results):
-        return (i < width) & (tf.reduce_any(sentences) if fixed_shapes
-                              else tf.size(sentences) > 0)
-
-    def body(i, sentences, live_seqs, live_log_probs, finished, max_lengths, state,
-             results, elementwise=None):
-        n = tf.shape(sentences)[0]  # beam rows each
-        flat_seqs = tf.reshape(live_seqs, tf.stack([n * beam_size, width + 1]))
-        token_log_probs, state = step(flat_seqs, i, state, elementwise)  # [n * beam, vocab]
-        if prefix is not None:
-            rows = tf.range(n) if fixed_shapes else sentences
-            token_log_probs = prefix.force(token_log_probs, i, tf.repeat(max_lengths, beam_size),
-                                           rows=tf.repeat(rows, beam_size))
-        # 2 * beam candidates hold at least beam that do not end in EOS (at most one
-        # EOS per live beam), so the live set never runs short.
-        top_log_probs, top_beams, top_tokens = _best_extensions(
-            token_log_probs, live_log_probs, i + 1, max_lengths, 2 * beam_size, vocab)
-        top_seqs = _write(tf.gather(live_seqs, top_beams, batch_dims=1), i + 1, top_tokens)
-        ends = top_tokens == EOS_ID
-
-        live_log_probs, keep = tf.math.top_k(tf.where(ends, neg_inf, top_log_probs), beam_size)
-        live_seqs = tf.gather(top_seqs, keep, batch_dims=1)
-        # Rows of the step's state [n * beam, ...] that each new live beam extends.
-        parents = tf.gather(top_beams, keep, batch_dims=1) + beam_size * tf.range(n)[:, None]
-
-        new_log_probs = tf.where(ends, top_log_probs, neg_inf)
-        scores = tf.concat([finished.scores, new_log_probs / length_penalty(i + 1, alpha)], 1)
-        finished_scores, keep = tf.math.top_k(scores, beam_size)
-        finished = _Hypotheses(
-            tf.gather(tf.concat([finished.seqs, top_seqs], 1), keep, batch_dims=1),
-            finished_scores,
-            tf.gather(tf.concat([finished.log_probs, new_log_probs], 1), keep, batch_dims=1))
-
-        # Best score a live beam can reach: later lengths only lower the log-prob, and
-        # the penalty is monotonic in the length.
-        largest_penalty = tf.maximum(length_penalty(i + 2, alpha),
-                                     length_penalty(max_lengths, alpha))
-        best_live = live_log_probs[:, 0] / largest_penalty  # [n]
-        done = finished.scores[:, num_hypotheses - 1] >= best_live
-        if fixed_shapes:
-            results = _keep(results, finished, done & sentences)
-            state = _gather_rows(state, tf.reshape(parents, [-1]))
-            return (i + 1, sentences & ~done, live_seqs, live_log_probs, finished,
-                    max_lengths, state, results)
-        searching = (sentences, live_seqs, live_log_probs, finished, max_lengths, parents)
-
-        def leave():  # the done sentences' results stored, the others' tensors kept
-            kept = tf.cast(tf.where(~done)[:, 0], tf.int32)
-            gone = tf.cast(tf.where(done)[:, 0], tf.int32)
-            stored = _store(results, tf.gather(sentences, gone),
-                            tf.nest.map_structure(lambda t: tf.gather(t, gone), finished))
-            return (stored, tf.nest.map_structure(lambda t: tf.gather(t, kept), searching),
-                    _gather_sentences(state, kept))
-
-        # Most steps no sentence is done: skip those ops then (a step's kernel count
-        # is what one sentence's latency pays for, bench/README.md).
-        results, searching, state = tf.cond(tf.reduce_any(done), leave,
-                                            lambda: (results, searching, state))
-        sentences, live_seqs, live_log_probs, finished, max_lengths, parents = searching
-        state = _gather_rows(state, tf.reshape(parents, [-1]))
-        return (i + 1, sentences, live_seqs, live_log_probs, finished, max_lengths, state,
-                results)
-
-    seqs = _write(tf.zeros(tf.stack([batch, beam_size, width + 1]), tf.int32), 0,
-                  tf.fill(tf.stack([batch, beam_size]), BOS_ID))  # [batch, beam, width + 1]
-    # Only beam 0 is live at first, so the first step does not pick one token k times.
-    live_log_probs = tf.tile(
-        tf.concat([[0.0], tf.fill([beam_size - 1], neg_inf)], 0)[None, :], tf.stack([batch, 1]))
-    empty = tf.fill(tf.stack([batch, beam_size]), neg_inf)
-    none_finished = _Hypotheses(seqs, empty, empty)
-    sentences = tf.fill([batch], True) if fixed_shapes else tf.range(batch)
-    loop_vars = (tf.constant(0), sentences, seqs, live_log_probs, none_finished,
-                 max_lengths, state, none_finished)
-
-    def search(elementwise):
-        return tf.while_loop(cond, functools.partial(body, elementwise=elementwise),
-                             loop_vars, shape_invariants=_growing(loop_vars))
-
-    if fixed_shapes or not use_cache:
-        outputs = search(None)
-    else:
-        # Rows only leave: a search that starts with at most ELEMENTWISE_MAX_ROWS rows
-        # (a request of up to 4 sentences of 4 beams) attends elementwise at every step,
-        # without a `tf.cond` per attention per step (one sentence 2-8% faster,
-        # bench/README.md); a larger one chooses at each step.
-        outputs = tf.cond(batch * beam_size <= ELEMENTWISE_MAX_ROWS,
-                          lambda: search(True), lambda: search(None))
-    _, sentences, _, _, finished, _, _, results = outputs
-    # Those still searching at width:
-    results = (_keep(results, finished, sentences) if fixed_shapes
-               else _store(results, sentences, finished))
-    ids = results.seqs[:, :, 1:]  # [batch, beam, width]
-    lengths = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1)
-    return DecodeResult(ids, results.scores, results.log_probs, lengths)
-
-
-def _store(results, sentences, hypotheses):
-    """results (_Hypotheses over the batch) with rows `sentences` int32 [m] replaced by
-    `hypotheses` (_Hypotheses of m sentences)."""
-    return tf.nest.map_structure(
-        lambda r, h: tf.tensor_scatter_nd_update(r, sentences[:, None], h), results,
-        hypotheses)
-
-
-def _keep(results, hypotheses, sentences):
-    """results (_Hypotheses over the batch) with `hypotheses`' (the same shapes) in the
-    rows where sentences, bool [batch], is True."""
-    return tf.nest.map_structure(
-        lambda r, h: tf.where(tf.reshape(sentences, [-1] + [1] * (r.shape.rank - 1)), h, r),
-        results, hypotheses)
-
-
-def _decode_lengths(model, source_ids, extra_length):
-    """(width, max_lengths int32 [batch]): the output buffer width and each
-    sentence's maximum output length, EOS included. width is a Python int when the
-    source width is static, so XLA sees fixed shapes."""
+    max_lengths count EOS (section 6.1: input length + extra_length). width is a Python
+    int when the source width is static, so XLA sees fixed shapes."""
     cap = model.config.max_length - 1  # BOS takes one of the model's positions
     src_len = source_ids.shape[1]
     if src_len is None or tf.is_tensor(extra_length):
@@ -393,10 +221,11 @@ def _decode_lengths(model, source_ids, extra_length):
     return width, tf.minimum(source_lengths + extra_length, cap)
 
 
-def _step_function(model, source_ids, width, use_cache, beam_size=1, fixed_shapes=False):
-    """(initial state, step) for batch * beam_size rows, the beams of a sentence
-    adjacent: step(seqs int32 [rows, width + 1], i, state, elementwise=None) -> (float32
-    log-probs [rows, vocab] of the token after position i, new state); elementwise: see
+def step_function(model, source_ids, width, use_cache, beam_size=1, fixed_shapes=False):
+    """(initial state, step) of a search over batch * beam_size rows, beams adjacent.
+
+    step(seqs int32 [rows, width + 1], i, state, elementwise=None) -> (float32 log-probs
+    [rows, vocab] of the token after position i, new state); elementwise: see
     Transformer.decode_step.
 
     The state is a dict. With the cache: "source_mask" bool [batch, 1, 1, src_len] and
@@ -404,7 +233,7 @@ def _step_function(model, source_ids, width, use_cache, beam_size=1, fixed_shape
     row per beam and encoder-decoder ones a row per sentence; the weights the step reads
     (Transformer.step_weights) are read once, outside the loop. Without it:
     "source_ids" [batch, src_len] and "encoder_output" [batch, src_len, d_model].
-    `_gather_rows` reorders the beams' rows, `_gather_sentences` keeps some sentences.
+    `gather_rows` reorders the beams' rows, `gather_sentences` keeps some sentences.
     fixed_shapes: the cache has width + 1 positions from the start (see beam_search)."""
     encoder_output = model.encode(source_ids, training=False)
     if use_cache:
@@ -429,14 +258,14 @@ def _step_function(model, source_ids, width, use_cache, beam_size=1, fixed_shape
     return {"source_ids": source_ids, "encoder_output": encoder_output}, step
 
 
-def _gather_rows(state, rows):
+def gather_rows(state, rows):
     """The state with the self-attention cache's rows reordered: rows int32 [rows']."""
     cache = [{**layer, "key": tf.gather(layer["key"], rows),
               "value": tf.gather(layer["value"], rows)} for layer in state.get("cache", [])]
     return {**state, "cache": cache} if "cache" in state else state
 
 
-def _gather_sentences(state, sentences):
+def gather_sentences(state, sentences):
     """The state of the sentences int32 [n'] only (the per-sentence tensors)."""
     state = {**state, **{name: tf.gather(state[name], sentences)
                          for name in ("source_ids", "source_mask", "encoder_output")
@@ -448,10 +277,11 @@ def _gather_sentences(state, sentences):
     return state
 
 
-def _growing(loop_vars):
-    """Shape invariants of tf.while_loop variables: any axis may change between steps
-    (sentences leave the batch, the cache grows) but the last of a matrix or higher
-    (widths, heads' depths), which the layers need to know."""
+def growing_shapes(loop_vars):
+    """Shape invariants of tf.while_loop variables: every axis may change but the last.
+
+    Sentences leave the batch and the cache grows; the last axis of a matrix or higher
+    (widths, heads' depths) stays known, since the layers need it."""
     def invariant(t):
         if t.shape.rank < 2:
             return tf.TensorShape([None] * t.shape.rank)
@@ -459,41 +289,10 @@ def _growing(loop_vars):
     return tf.nest.map_structure(invariant, loop_vars)
 
 
-def _best_extensions(log_probs, live_log_probs, length, max_lengths, k, vocab):
-    """The k best one-token extensions of each sentence's live beams, best first, as
-    one top-k over all beam * vocab candidates would rank them (ties: lower beam, then
-    lower token), with the tokens `_allowed` allows.
-
-    Args:
-      log_probs: float32 [n * beam, vocab], each live beam's next-token log-probs.
-      live_log_probs: float32 [n, beam].
-      length: the extended outputs' length; max_lengths: int32 [n].
-    Returns:
-      (log-probs float32 [n, k] (live + token), beams int32 [n, k], tokens int32 [n, k]).
-    """
-    n, beam = tf.shape(live_log_probs)[0], tf.shape(live_log_probs)[1]
-    # A sentence's k best hold at most k of one beam, so each beam's k best tokens
-    # suffice, plus 2 for PAD and BOS: two small top-ks instead of masking, adding to
-    # and ranking all beam * vocab candidates.
-    per_beam = tf.minimum(k + 2, vocab) if tf.is_tensor(k) else min(k + 2, vocab)
-    best, tokens = top_k(log_probs, per_beam)  # [n * beam, per_beam]
-    best = tf.where((tokens == PAD_ID) | (tokens == BOS_ID), float("-inf"), best)
-    # At its maximum length a sentence may only end: EOS is each beam's one candidate.
-    at_max = tf.repeat(length >= max_lengths, beam)[:, None]  # [n * beam, 1]
-    first = tf.range(per_beam) == 0
-    best = tf.where(at_max, tf.where(first, log_probs[:, EOS_ID:EOS_ID + 1], float("-inf")),
-                    best)
-    tokens = tf.where(at_max, tf.where(first, EOS_ID, PAD_ID), tokens)
-    candidates = live_log_probs[:, :, None] + tf.reshape(best, tf.stack([n, beam, per_beam]))
-    top_log_probs, top = tf.math.top_k(tf.reshape(candidates, tf.stack([n, beam * per_beam])),
-                                       k)
-    tokens = tf.gather(tf.reshape(tokens, tf.stack([n, beam * per_beam])), top, batch_dims=1)
-    return top_log_probs, top // per_beam, tokens
-
-
 def _allowed(log_probs, length, max_lengths):
-    """Log-probs [..., vocab] with -inf for tokens an output may not hold at `length`
-    (EOS included): never PAD or BOS, and only EOS once a sentence reaches its
+    """Log-probs [..., vocab] with -inf for the tokens an output may not hold at `length`.
+
+    length counts EOS. Never PAD or BOS, and only EOS once a sentence reaches its
     max_lengths (broadcast to log_probs[..., :1]). The other tokens keep the model's
     log-probs, so scores stay true log-probabilities."""
     token = tf.range(tf.shape(log_probs)[-1])
@@ -502,9 +301,10 @@ def _allowed(log_probs, length, max_lengths):
     return tf.where(allowed, log_probs, float("-inf"))
 
 
-def _write(seqs, position, tokens):
-    """seqs int32 [..., width + 1] with tokens [...] at `position`; a select keeps
-    the shape static (no scatter with a dynamic index)."""
+def write_tokens(seqs, position, tokens):
+    """seqs int32 [..., width + 1] with tokens [...] at `position`.
+
+    A select keeps the shape static (no scatter with a dynamic index)."""
     at_position = tf.range(tf.shape(seqs)[-1]) == position
     return tf.where(at_position, tokens[..., None], seqs)
 

@@ -1,6 +1,6 @@
 """The k largest entries of each row of a vocabulary-wide tensor, as tf.math.top_k gives
 them, in two small passes instead of one over every entry: what beam search
-(keras_transformer/decoding.py) and sampling's top-k / top-p (sampling.py) rank by.
+(keras_transformer/beam.py) and sampling's top-k / top-p (sampling.py) rank by.
 TensorFlow's CPU top-k walks every entry of a row one at a time."""
 
 import math

@@ -8,16 +8,19 @@ place of the argmax, so it takes the same target prefix and settings as scalar t
 import tensorflow as tf
 
 from keras_transformer import ranking
-from keras_transformer.decoding import (EXTRA_LENGTH, DecodeResult, most_probable,
-                                        single_path_search)
+from keras_transformer.config import DecodeConfig
+from keras_transformer.decoding import DecodeResult, most_probable, single_path_search
 
 
 def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k=0,
-                  top_p=1.0, alpha=0.6, extra_length=EXTRA_LENGTH, use_cache=True,
+                  top_p=1.0, alpha=DecodeConfig.alpha,
+                  extra_length=DecodeConfig.max_extra_length, use_cache=True,
                   target_prefix=None):
-    """Random sampling: each token drawn from the model's distribution at `temperature`,
-    restricted to the top_k most probable tokens and to the nucleus of top_p
-    probability (Holtzman et al., 2020), until EOS; num_samples outputs per sentence.
+    """Random sampling: num_samples outputs per sentence, each token drawn until EOS.
+
+    A token is drawn from the model's distribution at `temperature`, restricted to the
+    top_k most probable tokens and to the nucleus of top_p probability (Holtzman et al.,
+    2020).
 
     The draws are stateless (tf.random.stateless_categorical, seeded by the sentence's
     seed, the sample's index and the step), so a sentence's seed gives the same samples
@@ -65,8 +68,9 @@ def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k
 
 
 def _sampler(seeds, sample_index, temperature, top_k, top_p):
-    """sample_search's choice: (log_probs [rows, vocab], step) -> int32 [rows], row r
-    drawn with the stateless seed (seeds[r], sample_index[r] * 2^16 + step)."""
+    """sample_search's choice: (log_probs [rows, vocab], step) -> int32 [rows].
+
+    Row r is drawn with the stateless seed (seeds[r], sample_index[r] * 2^16 + step)."""
     temperature = tf.cast(temperature, tf.float32)
 
     def draw(args):
@@ -89,11 +93,12 @@ NUCLEUS_WIDTH = 64
 
 
 def _nucleus(logits, top_k=0, top_p=1.0):
-    """logits float32 [batch, vocab] with -inf outside each row's top-k tokens (ties
-    with the k-th kept; k <= 0: all) and outside its top-p nucleus: the fewest most
-    probable tokens whose softmax probability sums to at least top_p (the most probable
-    token always kept; top_p >= 1: all). top_k and top_p: Python numbers or scalar
-    tensors.
+    """logits float32 [batch, vocab] with -inf outside each row's top-k and top-p tokens.
+
+    The top-k tokens: ties with the k-th kept; k <= 0: all. The top-p nucleus: the fewest
+    most probable tokens whose softmax probability sums to at least top_p (the most
+    probable token always kept; top_p >= 1: all). top_k and top_p: Python numbers or
+    scalar tensors.
 
     Ranking is the cost (a sort of [64, 8,000] takes about as long as a decoder step),
     so it ranks no more than it must: nothing with top_k 0 and top_p 1, the k best with

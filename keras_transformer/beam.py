@@ -1,0 +1,345 @@
+"""Beam search with the length penalty of Wu et al. (2016), paper section 6.1.
+
+Two searches take the same steps (`_beam_step`) on differently shaped tensors:
+
+- the growing search, shaped for CPU serving cost: the self-attention cache grows by one
+  position per step (writing a position costs O(1), attending costs O(position)), a
+  sentence's beams share its encoder-decoder keys and values (never copied per beam),
+  and a sentence whose n-best can no longer change leaves the batch;
+- the fixed-shape search (`beam_search(..., fixed_shapes=True)`), on shapes that never
+  change, for XLA, which fuses a step's hundreds of small ops (faster on one sentence,
+  slower on large batches; see bench/README.md).
+
+Shapes: n sentences still searching (batch with fixed shapes), beam = beam_size, and
+width the output width (keras_transformer.decoding.decode_lengths); sequences hold BOS in
+column 0, so they are [..., width + 1].
+"""
+
+import functools
+from typing import Any, Callable, NamedTuple, Optional
+
+import tensorflow as tf
+
+from keras_transformer.attention import ELEMENTWISE_MAX_ROWS
+from keras_transformer.config import DecodeConfig
+from keras_transformer.decoding import (DecodeResult, TargetPrefix, decode_lengths,
+                                        gather_rows, gather_sentences, growing_shapes,
+                                        length_penalty, step_function, write_tokens)
+from keras_transformer.ranking import top_k
+from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
+
+
+def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=DecodeConfig.alpha,
+                extra_length=DecodeConfig.max_extra_length, use_cache=True,
+                num_hypotheses=None, target_prefix=None, fixed_shapes=False):
+    """Beam search with the length penalty of Wu et al. (2016), section 6.1.
+
+    Each step extends every live beam by every token and keeps the 2 * beam_size
+    best candidates: those ending in EOS enter the fixed-size set of finished
+    hypotheses (ranked by log-prob / lp), the best beam_size others stay live (ranked
+    by log-prob). A sentence is done when its first num_hypotheses finished are there
+    and no live beam can still enter them: a live beam's score can reach at most its
+    log-prob divided by the largest lp it can still have (lp(max length) for
+    alpha >= 0), since log-probs only decrease. So the early exit never changes the
+    first num_hypotheses of the returned n-best. A done sentence leaves the batch (its
+    rows are no longer computed), and the loop stops when no sentence is left.
+
+    With a target prefix, each sentence's search starts from the single hypothesis
+    BOS + prefix, scored by teacher forcing: while a sentence is inside its prefix every
+    token but the prefix's is excluded, so only that hypothesis stays live.
+
+    Args:
+      model: a Transformer.
+      source_ids: int [batch, src_len], 0-padded.
+      beam_size: number of live beams and of returned hypotheses per sentence.
+      alpha: length penalty exponent (section 6.1: 0.6; 0 ranks by log-prob).
+      extra_length: a sentence's output has at most (its non-pad source tokens +
+        extra_length) tokens, and at most config.max_length - 1.
+      use_cache: True decodes one position per step with `model.decode_step`; False
+        recomputes `model.decode` over the whole prefix (for tests and benchmarks).
+      num_hypotheses: how many of the returned hypotheses must be exactly the best
+        the search can find, 1 to beam_size (default): 1 when only the best
+        translation is used stops as soon as it is certain, and the others are then
+        finished hypotheses ranked as found, not necessarily the 2nd.. best.
+      target_prefix: None, or int [batch, prefix_len], 0-padded (PAD, BOS and EOS are
+        not tokens a prefix holds): each output starts with its row's tokens, cut where
+        the sentence's maximum length leaves room only for EOS.
+      fixed_shapes: no tensor changes shape from step to step, for XLA
+        (`tf.function(jit_compile=True)`, given a source of fixed shape): the cache has
+        every position the search may decode (written at each step, attended under a
+        mask), and a done sentence stays in the batch with its results kept. Same
+        results; without XLA it is slower (every step costs as much as the last).
+    beam_size, alpha, extra_length and num_hypotheses may be scalar tensors (the caller
+    then keeps 1 <= num_hypotheses <= beam_size and extra_length >= 0).
+    Returns:
+      DecodeResult with beam = beam_size, hypotheses sorted by score.
+    """
+    num_hypotheses = beam_size if num_hypotheses is None else num_hypotheses
+    if not any(map(tf.is_tensor, (beam_size, num_hypotheses))) and not (
+            1 <= num_hypotheses <= beam_size):
+        raise ValueError(f"num_hypotheses must be in 1..beam_size={beam_size}, "
+                         f"got {num_hypotheses}")
+    source_ids = tf.cast(source_ids, tf.int32)
+    width, max_lengths = decode_lengths(model, source_ids, extra_length)
+    state, step = step_function(model, source_ids, width, use_cache, beam_size,
+                                fixed_shapes)
+    search = _Search(step, TargetPrefix.of(target_prefix), width, beam_size, alpha,
+                     num_hypotheses, model.config.vocab_size)
+    if fixed_shapes:
+        results = _fixed_shape_beam_search(search, max_lengths, state)
+    else:
+        results = _growing_beam_search(search, max_lengths, state, use_cache)
+    ids = results.seqs[:, :, 1:]  # [batch, beam, width]
+    lengths = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1)
+    return DecodeResult(ids, results.scores, results.log_probs, lengths)
+
+
+class _Search(NamedTuple):
+    """What every step of one search reads and no step changes.
+
+    step and prefix: keras_transformer.decoding's `step_function` and `TargetPrefix`
+    (or None) over the batch; width: the output width; beam_size, alpha and
+    num_hypotheses: as `beam_search` takes them; vocab: the vocabulary size."""
+
+    step: Callable
+    prefix: Optional[TargetPrefix]
+    width: Any
+    beam_size: Any
+    alpha: Any
+    num_hypotheses: Any
+    vocab: int
+
+
+class _Beams(NamedTuple):
+    """The live hypotheses of n sentences, best first.
+
+    seqs int32 [n, beam, width + 1] (BOS first); log_probs float32 [n, beam] (-inf: no
+    hypothesis)."""
+
+    seqs: tf.Tensor
+    log_probs: tf.Tensor
+
+
+class _Hypotheses(NamedTuple):
+    """The finished hypotheses of n sentences, by decreasing score.
+
+    seqs int32 [n, beam, width + 1] (BOS first); scores and log_probs float32 [n, beam]
+    (-inf: empty)."""
+
+    seqs: tf.Tensor
+    scores: tf.Tensor
+    log_probs: tf.Tensor
+
+
+def _growing_beam_search(search, max_lengths, state, use_cache):
+    """The search on shapes that shrink and grow: _Hypotheses [batch, beam, ...].
+
+    A done sentence's results are stored and its rows leave every tensor; the cache of
+    `step_function(..., fixed_shapes=False)` grows by a position per step."""
+    batch = tf.shape(max_lengths)[0]
+    beams, none_finished = _first_beams(search, batch)
+
+    # `sentences`: the batch indices of the n sentences still searching, int32 [n].
+    def cond(i, sentences, beams, finished, max_lengths, state, results):
+        return (i < search.width) & (tf.size(sentences) > 0)
+
+    def body(i, sentences, beams, finished, max_lengths, state, results, elementwise=None):
+        beams, finished, parents, done, state = _beam_step(
+            search, i, sentences, beams, finished, max_lengths, state, elementwise)
+        searching = (sentences, beams, finished, max_lengths, parents)
+
+        def leave():  # the done sentences' results stored, the others' tensors kept
+            kept = tf.cast(tf.where(~done)[:, 0], tf.int32)
+            gone = tf.cast(tf.where(done)[:, 0], tf.int32)
+            stored = _store(results, tf.gather(sentences, gone),
+                            tf.nest.map_structure(lambda t: tf.gather(t, gone), finished))
+            return (stored, tf.nest.map_structure(lambda t: tf.gather(t, kept), searching),
+                    gather_sentences(state, kept))
+
+        # Most steps no sentence is done: skip those ops then (a step's kernel count
+        # is what one sentence's latency pays for, bench/README.md).
+        results, searching, state = tf.cond(tf.reduce_any(done), leave,
+                                            lambda: (results, searching, state))
+        sentences, beams, finished, max_lengths, parents = searching
+        state = gather_rows(state, tf.reshape(parents, [-1]))
+        return i + 1, sentences, beams, finished, max_lengths, state, results
+
+    loop_vars = (tf.constant(0), tf.range(batch), beams, none_finished, max_lengths, state,
+                 none_finished)
+
+    def run(elementwise):
+        return tf.while_loop(cond, functools.partial(body, elementwise=elementwise),
+                             loop_vars, shape_invariants=growing_shapes(loop_vars))
+
+    if use_cache:
+        # Rows only leave: a search that starts with at most ELEMENTWISE_MAX_ROWS rows
+        # (a request of up to 4 sentences of 4 beams) attends elementwise at every step,
+        # without a `tf.cond` per attention per step (one sentence 2-8% faster,
+        # bench/README.md); a larger one chooses at each step.
+        outputs = tf.cond(batch * search.beam_size <= ELEMENTWISE_MAX_ROWS,
+                          lambda: run(True), lambda: run(None))
+    else:
+        outputs = run(None)
+    _, sentences, _, finished, _, _, results = outputs
+    return _store(results, sentences, finished)  # those still searching at width
+
+
+def _fixed_shape_beam_search(search, max_lengths, state):
+    """The search on shapes that never change, for XLA: _Hypotheses [batch, beam, ...].
+
+    A done sentence stays in the batch, its results kept while its rows compute on; the
+    cache of `step_function(..., fixed_shapes=True)` has every position from the start."""
+    batch = tf.shape(max_lengths)[0]
+    beams, none_finished = _first_beams(search, batch)
+
+    # `searching`: bool [batch], True for the sentences still searching.
+    def cond(i, searching, beams, finished, state, results):
+        return (i < search.width) & tf.reduce_any(searching)
+
+    def body(i, searching, beams, finished, state, results):
+        rows = tf.range(tf.shape(searching)[0])  # no sentence leaves: sentence k is row k
+        beams, finished, parents, done, state = _beam_step(
+            search, i, rows, beams, finished, max_lengths, state)
+        results = _keep(results, finished, done & searching)
+        state = gather_rows(state, tf.reshape(parents, [-1]))
+        return i + 1, searching & ~done, beams, finished, state, results
+
+    loop_vars = (tf.constant(0), tf.fill([batch], True), beams, none_finished, state,
+                 none_finished)
+    # No shape changes, yet the invariants are the growing search's: the step then traces
+    # with the same static shapes in both searches.
+    _, searching, _, finished, _, results = tf.while_loop(
+        cond, body, loop_vars, shape_invariants=growing_shapes(loop_vars))
+    return _keep(results, finished, searching)  # those still searching at width
+
+
+def _first_beams(search, batch):
+    """(_Beams, _Hypotheses) of batch sentences before the first step: BOS, none finished."""
+    beam_size = search.beam_size
+    seqs = write_tokens(tf.zeros(tf.stack([batch, beam_size, search.width + 1]), tf.int32), 0,
+                        tf.fill(tf.stack([batch, beam_size]), BOS_ID))  # [batch, beam, width + 1]
+    # Only beam 0 is live at first, so the first step does not pick one token k times.
+    log_probs = tf.tile(tf.concat([[0.0], tf.fill([beam_size - 1], float("-inf"))], 0)[None, :],
+                        tf.stack([batch, 1]))  # [batch, beam]
+    empty = tf.fill(tf.stack([batch, beam_size]), float("-inf"))
+    return _Beams(seqs, log_probs), _Hypotheses(seqs, empty, empty)
+
+
+def _beam_step(search, i, rows, beams, finished, max_lengths, state, elementwise=None):
+    """One step of the search for n sentences (section 6.1).
+
+    Every live beam is extended by every token: the best beam_size extensions that do
+    not end in EOS stay live, those that end in EOS are ranked into the finished ones.
+
+    Args:
+      search: _Search. i: the step; the beams' last token is at position i.
+      rows: int32 [n], each sentence's row of the batch (of the target prefix).
+      beams: _Beams [n, beam, ...]; finished: _Hypotheses [n, beam, ...].
+      max_lengths: int32 [n]. state: `search.step`'s, of n * beam rows.
+      elementwise: see Transformer.decode_step.
+    Returns:
+      (beams, finished, parents int32 [n, beam]: the row of the step's state [n * beam,
+      ...] each new live beam extends, done bool [n]: the sentence's first
+      num_hypotheses finished can no longer change, the step's state).
+    """
+    n = tf.shape(rows)[0]  # beam rows each
+    beam_size = search.beam_size
+    flat_seqs = tf.reshape(beams.seqs, tf.stack([n * beam_size, search.width + 1]))
+    token_log_probs, state = search.step(flat_seqs, i, state, elementwise)  # [n * beam, vocab]
+    if search.prefix is not None:
+        token_log_probs = search.prefix.force(token_log_probs, i,
+                                              tf.repeat(max_lengths, beam_size),
+                                              rows=tf.repeat(rows, beam_size))
+    # 2 * beam candidates hold at least beam that do not end in EOS (at most one
+    # EOS per live beam), so the live set never runs short.
+    top_log_probs, top_beams, top_tokens = _best_extensions(
+        token_log_probs, beams.log_probs, i + 1, max_lengths, 2 * beam_size, search.vocab)
+    top_seqs = write_tokens(tf.gather(beams.seqs, top_beams, batch_dims=1), i + 1,
+                            top_tokens)  # [n, 2 * beam, width + 1]
+    ends = top_tokens == EOS_ID
+
+    live_log_probs, keep = tf.math.top_k(tf.where(ends, float("-inf"), top_log_probs),
+                                         beam_size)
+    beams = _Beams(tf.gather(top_seqs, keep, batch_dims=1), live_log_probs)
+    parents = tf.gather(top_beams, keep, batch_dims=1) + beam_size * tf.range(n)[:, None]
+    finished = _add_finished(finished, top_seqs, tf.where(ends, top_log_probs, float("-inf")),
+                             i + 1, search)
+    return beams, finished, parents, _done(finished, beams, i, max_lengths, search), state
+
+
+def _add_finished(finished, seqs, log_probs, length, search):
+    """The beam best of finished and of new hypotheses of `length` tokens, by score.
+
+    seqs int32 [n, k, width + 1] and log_probs float32 [n, k] (-inf: not finished) are
+    the new ones; a hypothesis scores log-prob / lp(length) (section 6.1)."""
+    scores = tf.concat([finished.scores, log_probs / length_penalty(length, search.alpha)], 1)
+    scores, keep = tf.math.top_k(scores, search.beam_size)  # [n, beam]
+    return _Hypotheses(
+        tf.gather(tf.concat([finished.seqs, seqs], 1), keep, batch_dims=1),
+        scores,
+        tf.gather(tf.concat([finished.log_probs, log_probs], 1), keep, batch_dims=1))
+
+
+def _done(finished, beams, i, max_lengths, search):
+    """bool [n]: no live beam can enter a sentence's first num_hypotheses finished.
+
+    The live beams end at position i + 1, so they can still reach lengths i + 2 up to
+    max_lengths int32 [n]."""
+    # Best score a live beam can reach: later lengths only lower the log-prob, and
+    # the penalty is monotonic in the length.
+    largest_penalty = tf.maximum(length_penalty(i + 2, search.alpha),
+                                 length_penalty(max_lengths, search.alpha))
+    best_live = beams.log_probs[:, 0] / largest_penalty  # [n]
+    return finished.scores[:, search.num_hypotheses - 1] >= best_live
+
+
+def _best_extensions(log_probs, live_log_probs, length, max_lengths, k, vocab):
+    """The k best one-token extensions of each sentence's live beams, best first.
+
+    Ranked as one top-k over all beam * vocab candidates would rank them (ties: lower
+    beam, then lower token), among the tokens an output may hold: never PAD or BOS, and
+    only EOS at a sentence's maximum length.
+
+    Args:
+      log_probs: float32 [n * beam, vocab], each live beam's next-token log-probs.
+      live_log_probs: float32 [n, beam].
+      length: the extended outputs' length; max_lengths: int32 [n].
+    Returns:
+      (log-probs float32 [n, k] (live + token), beams int32 [n, k], tokens int32 [n, k]).
+    """
+    n, beam = tf.shape(live_log_probs)[0], tf.shape(live_log_probs)[1]
+    # A sentence's k best hold at most k of one beam, so each beam's k best tokens
+    # suffice, plus 2 for PAD and BOS: two small top-ks instead of masking, adding to
+    # and ranking all beam * vocab candidates.
+    per_beam = tf.minimum(k + 2, vocab) if tf.is_tensor(k) else min(k + 2, vocab)
+    best, tokens = top_k(log_probs, per_beam)  # [n * beam, per_beam]
+    best = tf.where((tokens == PAD_ID) | (tokens == BOS_ID), float("-inf"), best)
+    # At its maximum length a sentence may only end: EOS is each beam's one candidate.
+    at_max = tf.repeat(length >= max_lengths, beam)[:, None]  # [n * beam, 1]
+    first = tf.range(per_beam) == 0
+    best = tf.where(at_max, tf.where(first, log_probs[:, EOS_ID:EOS_ID + 1], float("-inf")),
+                    best)
+    tokens = tf.where(at_max, tf.where(first, EOS_ID, PAD_ID), tokens)
+    candidates = live_log_probs[:, :, None] + tf.reshape(best, tf.stack([n, beam, per_beam]))
+    top_log_probs, top = tf.math.top_k(tf.reshape(candidates, tf.stack([n, beam * per_beam])),
+                                       k)
+    tokens = tf.gather(tf.reshape(tokens, tf.stack([n, beam * per_beam])), top, batch_dims=1)
+    return top_log_probs, top // per_beam, tokens
+
+
+def _store(results, sentences, hypotheses):
+    """results (_Hypotheses [batch, ...]) with rows `sentences` int32 [m] replaced.
+
+    hypotheses: _Hypotheses [m, ...], those sentences' new rows."""
+    return tf.nest.map_structure(
+        lambda r, h: tf.tensor_scatter_nd_update(r, sentences[:, None], h), results,
+        hypotheses)
+
+
+def _keep(results, hypotheses, sentences):
+    """results (_Hypotheses [batch, ...]) with hypotheses' rows where sentences is True.
+
+    hypotheses: _Hypotheses of the same shapes; sentences: bool [batch]."""
+    return tf.nest.map_structure(
+        lambda r, h: tf.where(tf.reshape(sentences, [-1] + [1] * (r.shape.rank - 1)), h, r),
+        results, hypotheses)
