@@ -73,7 +73,7 @@ def test_evaluate_cli_prints_sacrebleu_and_chrf_with_signatures_of_its_translati
 @pytest.mark.skipif(not (MULTI30K / "tok").is_dir(), reason="needs ../shared/data/multi30k")
 def test_tokenized_bleu_tokenizes_output_exactly_as_the_official_multi30k_files():
     from trainer.cli import read_text
-    from trainer.training.bleu import corpus_scores, moses_tokenized
+    from trainer.metrics import corpus_scores, moses_tokenized
     raw = read_text(MULTI30K / "test2016.de")
     assert moses_tokenized(raw, "de") == read_text(MULTI30K / "tok" / "test2016.lc.norm.tok.de")
     # val: 1 of 1014 lines differs (a period after a closing quote at the very end).

@@ -91,7 +91,7 @@ def test_pre_norm_learned_positions_and_separate_vocabularies_convert(tmp_path):
     from keras_transformer import Transformer, TransformerConfig, greedy_search
     from trainer.data import builtin_corpus
     from trainer.data.tokenizer import Tokenizer, Tokenizers, train_sentencepiece
-    from trainer.serving import ctranslate2_export
+    from trainer.serving import ctranslate2 as ctranslate2_format
     english = [builtin_corpus.english(i) for i in range(0, 20000, 7)]
     german = [builtin_corpus.german(i) for i in range(0, 20000, 7)]
     tokenizers = Tokenizers(Tokenizer(train_sentencepiece(english, 400)),
@@ -102,7 +102,7 @@ def test_pre_norm_learned_positions_and_separate_vocabularies_convert(tmp_path):
                                     positional="learned", max_length=24)
     model = Transformer(config)
     model.build()
-    out = ctranslate2_export.export(model, tokenizers, str(tmp_path / "ct2"), "float32")
+    out = ctranslate2_format.write(model, tokenizers, str(tmp_path / "ct2"), "float32")
     texts = english[:50]
     pieces = tokenizers.source.tokenize(tf.constant(texts))[:, :config.max_length - 1]
     eos = tf.fill([len(texts), 1], 3)

@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent("""
     from keras_transformer import (Transformer, TransformerConfig, WarmupSchedule,
                                    label_smoothed_cross_entropy, shift_right)
     from trainer.config import RunConfig
-    from trainer.training.run import build_trainer
+    from trainer.main_job import build_trainer
 
     config = TransformerConfig.tiny(vocab_size=40, dropout=0.0)
     rng = np.random.default_rng(0)
@@ -44,9 +44,9 @@ SCRIPT = textwrap.dedent("""
         setattr(extended, name, counting)
     iterator = iter(strategy.experimental_distribute_dataset(
         tf.data.Dataset.from_tensors(batch)))
-    trainer.accumulate(next(iterator))
+    trainer.update.accumulate(next(iterator))
     calls.clear()  # accumulating is per replica: only the update reduces
-    stats = trainer.apply()
+    stats = trainer.update.apply()
 
     # The update of the whole batch on one device, by Keras' own Adam.
     optimizer = keras.optimizers.Adam(WarmupSchedule(config.d_model, 10), 0.9, 0.98, 1e-9)

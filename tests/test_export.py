@@ -373,18 +373,19 @@ def exported_embedding(version):
 
 def test_the_xla_signature_translates_as_serving_default_in_a_fresh_process(exported,
                                                                           tmp_path):
-    """export(..., xla=True) adds translate_xla: serving_default's inputs, outputs and
+    """export(..., Options(xla=True)) adds translate_xla: serving_default's inputs, outputs and
     translations, loaded in a process with only tensorflow and tensorflow_text. A request
-    above XLA_MAX_BATCH runs serving_default's search (no XLA compile); one sentence at a
+    above xla.MAX_BATCH runs serving_default's search (no XLA compile); one sentence at a
     time, or a few, is compiled by XLA (empty and over-long inputs among them)."""
     from trainer.serving import saved_model
-    path = saved_model.export(str(exported.model_dir), str(tmp_path / "export"), xla=True)
+    path = saved_model.export(str(exported.model_dir), str(tmp_path / "export"),
+                              saved_model.Options(xla=True))
     info = json.loads((tmp_path / "export" / "1" / "assets.extra" / "export.json").read_text())
     assert info["signatures"] == [*SIGNATURES, "translate_xla"]
     not_core = _not_core(_op_types(Path(path)))
     assert all(t.startswith("Sentencepiece") for t in not_core), not_core
-    from trainer.serving.signatures import XLA_MAX_BATCH
-    batch = sources(3 * XLA_MAX_BATCH)
+    from trainer.serving import xla
+    batch = sources(3 * xla.MAX_BATCH)
     # Two short sentences share a compile (one width bucket); "" and the over-long input
     # (cut to the model's positions) take their own, and so does the pair.
     small = [[batch[1]], [""], [batch[0]], [" ".join(sources(40))], [batch[2], ""]]
@@ -435,10 +436,10 @@ def test_a_bfloat16_export_keeps_bfloat16_weights_and_scores_close_to_float32(
         exported, loaded, tmp_path):
     export_dir = tmp_path / "bf16"
     run([sys.executable, "-m", "trainer.export", f"--model_dir={exported.model_dir}",
-         f"--export_dir={export_dir}", "--precision=bfloat16"], cwd=tmp_path)
+         f"--export_dir={export_dir}", "--serving_dtype=bfloat16"], cwd=tmp_path)
     version = export_dir / "1"
     info = json.loads((version / "assets.extra" / "export.json").read_text())
-    assert info["precision"] == "bfloat16"
+    assert info["serving_dtype"] == "bfloat16"
     assert exported_embedding(version).dtype == tf.bfloat16.as_numpy_dtype
     reader = tf.train.load_checkpoint(str(version / "variables" / "variables"))
     assert {dtype for name, dtype in reader.get_variable_to_dtype_map().items()

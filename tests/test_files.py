@@ -11,7 +11,7 @@ from conftest import REPO
 # A worker: imports TensorFlow, says so, waits for the word, then writes one file 300 times.
 WRITER = """
 import sys
-from trainer.files import write_atomically
+from trainer.model_dir.files import write_atomically
 path, letter = sys.argv[1], sys.argv[2]
 print("ready", flush=True)
 sys.stdin.readline()

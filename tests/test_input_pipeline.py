@@ -264,7 +264,7 @@ from trainer.data import input_pipeline, sources
 config = DataConfig(max_len=48, batch_tokens=480, seed=0)
 source = sources.select(config, builtin_train_size=2000, builtin_eval_size=10)
 data = input_pipeline.build(source, sys.argv[1], config)
-from trainer.training.training_stream import TrainingStream
+from trainer.training.stream import TrainingStream
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 stream = TrainingStream(strategy, data, sys.argv[1], keep=1, batches_per_step=1)
 for _ in range(5):

@@ -7,7 +7,7 @@ import time
 
 import tensorflow as tf
 
-from trainer.training.progress import ProgressLog, StepStatistics
+from trainer.training.progress import TrainingProgress, StepStatistics
 
 
 def statistics():
@@ -27,7 +27,7 @@ def test_with_a_time_budget_the_eta_is_the_budgets_end_not_train_steps(tmp_path)
     etas = []
     for deadline in (time.time() + budget, None):
         stream = io.StringIO()
-        progress = ProgressLog(str(tmp_path / str(len(etas))), train_steps=steps, log_every=10,
+        progress = TrainingProgress(str(tmp_path / str(len(etas))), train_steps=steps, log_every=10,
                                start_step=0, deadline=deadline, stream=stream)
         time.sleep(0.05)
         progress.update(10, statistics(), tokens=17800)
@@ -38,7 +38,7 @@ def test_with_a_time_budget_the_eta_is_the_budgets_end_not_train_steps(tmp_path)
 
 def test_in_a_log_file_every_report_is_one_line(tmp_path):
     stream = io.StringIO()  # not a terminal
-    progress = ProgressLog(str(tmp_path), train_steps=30, log_every=10, start_step=0,
+    progress = TrainingProgress(str(tmp_path), train_steps=30, log_every=10, start_step=0,
                            stream=stream)
     for step in (10, 20, 30):
         progress.update(step, statistics(), tokens=1000)

@@ -2,7 +2,7 @@
 <model_dir>/averaged, a model directory of its own that `python -m trainer.export
 --model_dir=DIR/averaged` exports (or export with `--average_last=N` directly).
 
-The paper averages the last 5 (base) or 20 (big) checkpoints (trainer/training/checkpoint_averaging.py).
+The paper averages the last 5 (base) or 20 (big) checkpoints (trainer/training/averaging.py).
 """
 
 import os
@@ -22,9 +22,12 @@ def main(argv):
     del argv
     if not FLAGS.model_dir:
         cli.fail("--model_dir is required")
-    from trainer.training import checkpoint_averaging
+    from trainer.data import tokenizer as tokenizer_lib
+    from trainer.model_dir import averaging
     try:
-        path, averaged = checkpoint_averaging.write_averaged(
+        # The averaged directory gets a copy of the vocabulary: it must be readable.
+        tokenizer_lib.load_or_train(FLAGS.model_dir, None)
+        path, averaged = averaging.write_averaged(
             FLAGS.model_dir, FLAGS.last,
             warn=lambda message: print(f"{cli.program()}: {message}", file=sys.stderr))
     except (FileNotFoundError, ValueError) as e:

@@ -3,6 +3,7 @@ progress. Only the programs (trainer/task.py, translate.py, evaluate.py, export.
 average.py, visualize.py) import this module; the code below them takes plain arguments.
 """
 
+import dataclasses
 import os
 import sys
 import time
@@ -64,6 +65,20 @@ def run(main: Callable[[List[str]], None]):
     app.run(checked_main, flags_parser=parse)
 
 
+def config_from_flags(cls, **given):
+    """The dataclass `cls` with every field that has a flag of its name set from that
+    flag, every field that is itself a dataclass filled the same way, `given` on top, and
+    the other fields at their defaults: where a program's flags become a config."""
+    values = {}
+    for field in dataclasses.fields(cls):
+        factory = field.default_factory
+        if isinstance(factory, type) and dataclasses.is_dataclass(factory):
+            values[field.name] = config_from_flags(factory)
+        elif field.name in flags.FLAGS:
+            values[field.name] = flags.FLAGS[field.name].value
+    return cls(**{**values, **given})
+
+
 def read_lines(stream: BinaryIO) -> List[bytes]:
     """Lines of a binary stream, split at "\\n" only, without their line ends ("\\r\\n"
     too); the bytes are kept as they are, so invalid UTF-8 reaches the model, which reads
@@ -80,7 +95,7 @@ def read_text(path: str) -> List[str]:
         return [line.decode("utf-8", errors="replace") for line in read_lines(f)]
 
 
-class Progress:
+class TranslationProgress:
     """Writes "translated n/total (s/s)" to stderr at most once a second and at the end."""
 
     def __init__(self, total: int, stream=None):

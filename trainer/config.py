@@ -1,7 +1,7 @@
 """What to train on and how: `DataConfig` and `RunConfig`, next to the model's own
-`keras_transformer.TransformerConfig`.
+`keras_transformer.TransformerConfig` and the search's `DecodeConfig`.
 
-These three dataclasses are everything `python -m trainer.task` passes down; its flags take
+These dataclasses are everything `python -m trainer.task` passes down; its flags take
 their defaults from the fields here, so a default is written once. Pure Python (no
 TensorFlow), so flags are checked before TensorFlow starts.
 """
@@ -9,6 +9,8 @@ TensorFlow), so flags are checked before TensorFlow starts.
 import dataclasses
 import os
 from typing import Dict, List, Optional, Tuple
+
+from keras_transformer.config import DecodeConfig
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 SUBWORD_MODELS = ("bpe", "unigram")
@@ -136,7 +138,7 @@ class RunConfig:
         ends at a small rate gets its last answers right (docs/runs.md).
       eval_every, checkpoint_every, keep_checkpoints, log_every: in updates; validation
         also runs at the end, and eval_every 0 never validates.
-      beam_size, alpha: beam search for validation BLEU and the export (section 6.1).
+      decode: the search of validation BLEU and of the export (section 6.1).
       bleu_sentences: validation sentences translated for BLEU (0: all).
       bleu_tokenize: sacreBLEU's tokenizer for validation BLEU ("13a"; the builtin
         corpus always uses "char").
@@ -146,7 +148,7 @@ class RunConfig:
       average_last: export the mean of the last N checkpoints (section 6.1: 5 for base,
         20 for big; 0: the last checkpoint).
       ema_decay: keep an exponential moving average of the weights in the checkpoint, with
-        this decay (e.g. 0.9999; trainer/training/moving_average.py); 0: none.
+        this decay (e.g. 0.9999; trainer/model_dir/ema.py); 0: none.
       export_weights: what the export ships: "last", "average" (average_last) or "ema";
         None: "average" when average_last is set, else "last".
       seed: initial weights and dropout.
@@ -166,8 +168,7 @@ class RunConfig:
     checkpoint_every: int = 250
     keep_checkpoints: int = 5
     log_every: int = 10
-    beam_size: int = 4
-    alpha: float = 0.6
+    decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
     bleu_sentences: int = 0
     bleu_tokenize: str = "13a"
     max_train_minutes: float = 0.0
@@ -180,7 +181,7 @@ class RunConfig:
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         for name in ("train_steps", "accum_steps", "checkpoint_every", "keep_checkpoints",
-                     "log_every", "beam_size"):
+                     "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("num_cpu_replicas", "eval_every", "bleu_sentences", "max_train_minutes",

@@ -41,18 +41,18 @@ def main(argv):
             cli.fail(f"--{name} has {len(lines)} lines but --src has {len(sources)}")
 
     from trainer.serving import client, saved_model
-    from trainer.training import bleu
+    from trainer import metrics
     try:
         model = saved_model.load(FLAGS.saved_model)
-    except (FileNotFoundError, OSError) as e:
+    except (FileNotFoundError, OSError, saved_model.ExportError) as e:
         cli.fail(str(e))
     hypotheses = client.translate_lines(model, sources, FLAGS.batch_size,
-                                        progress=cli.Progress(len(sources)))
+                                        progress=cli.TranslationProgress(len(sources)))
     if FLAGS.output:
         with open(FLAGS.output, "w", encoding="utf-8") as f:
             f.writelines(h + "\n" for h in hypotheses)
 
-    scores = bleu.corpus_scores(hypotheses, references, tokenized_references=tokenized,
+    scores = metrics.corpus_scores(hypotheses, references, tokenized_references=tokenized,
                                 lang=FLAGS.lang)
     print(f"sacreBLEU (detokenized, cased) {scores['bleu'][0]}")
     print(f"  signature {scores['bleu'][1]}")

@@ -1,5 +1,6 @@
 """The main job as a Python call: `train_and_export(model_config, data_config, run)`
-does what `python -m trainer.task` does, from plain configs (trainer/config.py).
+does what `python -m trainer.task` does, from plain configs (trainer/config.py). It sits
+above the training and serving rooms because it uses both: it trains, then exports.
 
     strategy -> data (vocabulary, counts) -> config.json -> model, optimizer, checkpoints
     -> Trainer.train() with validation -> SavedModel export (the chief) -> one example
@@ -15,12 +16,15 @@ from keras_transformer import Transformer, TransformerConfig
 from trainer.config import DataConfig, RunConfig
 from trainer.data import input_pipeline, sources
 from trainer.data.tokenizer import Tokenizers
+from trainer.model_dir import layout
+from trainer.model_dir.ema import MovingAverage
+from trainer.model_dir.weights import WeightsChoice
 from trainer.serving import client, saved_model
-from trainer.training import distribute, model_dir as model_dir_lib
+from trainer.training import distribute
 from trainer.training.checkpointing import Checkpointer
-from trainer.training.moving_average import MovingAverage
+from trainer.training.loop import Trainer
+from trainer.training.update import make_optimizer
 from trainer.training.validation import Validator
-from trainer.training.trainer import Trainer, make_optimizer
 
 
 def sized_to_vocabulary(model_config: TransformerConfig,
@@ -73,10 +77,9 @@ def train_and_export(model_config: TransformerConfig, data_config: DataConfig, r
     data = input_pipeline.build(source, run.model_dir, data_config)
     log(f"data: {data.report}")
     model_config = sized_to_vocabulary(model_config, data.tokenizers)
-    model_dir_lib.save_config(run.model_dir, model_config)
+    layout.save_config(run.model_dir, model_config)
     builtin = isinstance(source, sources.BuiltinSource)
-    validator_args = (dict(beam_size=run.beam_size, alpha=run.alpha,
-                           bleu_sentences=run.bleu_sentences,
+    validator_args = (dict(decode=run.decode, bleu_sentences=run.bleu_sentences,
                            bleu_tokenize="char" if builtin else run.bleu_tokenize)
                       if run.eval_every else None)
     trainer = build_trainer(model_config, data, run, strategy, validator_args, log)
@@ -92,9 +95,9 @@ def train_and_export(model_config: TransformerConfig, data_config: DataConfig, r
         log("final: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(results.items())))
     if run.export_dir is None or not distribute.is_chief():
         return None
-    path = saved_model.export(run.model_dir, run.export_dir, beam_size=run.beam_size,
-                              alpha=run.alpha, average_last=run.average_last,
-                              weights=run.export_weights)
+    weights = WeightsChoice(run.export_weights, run.average_last)
+    path = saved_model.export(run.model_dir, run.export_dir,
+                              saved_model.Options(weights=weights, decode=run.decode))
     log(f"exported SavedModel to {path}")
     # What `python -m trainer.translate` would print for one sentence: the export itself,
     # loaded as a server loads it, translates (the builtin corpus: the README's example).

@@ -5,7 +5,8 @@ of training on a 2-core CPU, 3 with TensorFlow's start, validation and the expor
 translates the README's example through the export. Recipes: --flagfile=trainer/flagfiles/{builtin,multi30k,wmt14_base,wmt14_big}.cfg
 
 This module only parses flags: they become a TransformerConfig, a DataConfig and a
-RunConfig (checked before TensorFlow starts), which trainer.training.run.train_and_export
+RunConfig with its DecodeConfig (checked before TensorFlow starts), which
+trainer.main_job.train_and_export
 runs. Flag defaults are the dataclasses' defaults.
 """
 
@@ -14,7 +15,7 @@ import os
 
 from absl import flags
 
-from keras_transformer.config import PRESETS, TransformerConfig
+from keras_transformer.config import PRESETS, DecodeConfig, TransformerConfig
 from trainer import cli
 from trainer.config import (PRECISIONS, SUBWORD_MODELS, DataConfig, RunConfig,
                             default_run_name, file_list)
@@ -83,9 +84,9 @@ flags.DEFINE_integer("keep_checkpoints", RunConfig.keep_checkpoints, "Checkpoint
                      "them with python -m trainer.average).")
 flags.DEFINE_integer("log_every", RunConfig.log_every, "Progress and TensorBoard summaries every "
                      "N updates.")
-flags.DEFINE_integer("beam_size", RunConfig.beam_size, "Beam size for validation BLEU and the "
+flags.DEFINE_integer("beam_size", DecodeConfig.beam_size, "Beam size for validation BLEU and the "
                      "export.")
-flags.DEFINE_float("alpha", RunConfig.alpha, "Length penalty for validation BLEU and the export.")
+flags.DEFINE_float("alpha", DecodeConfig.alpha, "Length penalty for validation BLEU and the export.")
 flags.DEFINE_integer("bleu_sentences", RunConfig.bleu_sentences, "Validation sentences "
                      "translated for BLEU (0: all).")
 flags.DEFINE_string("bleu_tokenize", RunConfig.bleu_tokenize, "sacreBLEU tokenizer for "
@@ -128,24 +129,22 @@ def data_config() -> DataConfig:
         for path in file_list(getattr(FLAGS, name)):
             if not os.path.exists(path):
                 raise ValueError(f"--{name}={path}: no such file")
-    values = {field.name: FLAGS[field.name].value
-              for field in dataclasses.fields(DataConfig) if field.name in FLAGS}
+    weights = None
     if FLAGS.train_weights is not None:
         try:
-            values["train_weights"] = tuple(float(w) for w in FLAGS.train_weights)
+            weights = tuple(float(w) for w in FLAGS.train_weights)
         except ValueError:
             raise ValueError(f"--train_weights={','.join(FLAGS.train_weights)}: "
                              "not a list of numbers") from None
-    return DataConfig(**values)
+    return cli.config_from_flags(DataConfig, train_weights=weights)
 
 
 def run_config(data: DataConfig) -> RunConfig:
     name = FLAGS.run_name or default_run_name(FLAGS.config, data)
     export_dir = FLAGS.export_dir or os.path.join("saved_models", name)
-    values = {field.name: FLAGS[field.name].value
-              for field in dataclasses.fields(RunConfig) if field.name in FLAGS}
-    return RunConfig(**{**values, "model_dir": FLAGS.model_dir or os.path.join("runs", name),
-                        "export_dir": None if export_dir.lower() == "none" else export_dir})
+    return cli.config_from_flags(
+        RunConfig, model_dir=FLAGS.model_dir or os.path.join("runs", name),
+        export_dir=None if export_dir.lower() == "none" else export_dir)
 
 
 def main(argv):
@@ -157,10 +156,10 @@ def main(argv):
         cli.fail(str(e))
     from trainer.data.sources import DataError
     from trainer.data.tokenizer import VocabularyError
-    from trainer.training.model_dir import ModelDirError
+    from trainer.model_dir.layout import ModelDirError
     from trainer.training.preemption import PREEMPTED_STATUS, Preempted
-    from trainer.training.run import train_and_export
-    from trainer.training.trainer import TrainingError
+    from trainer.main_job import train_and_export
+    from trainer.training.loop import TrainingError
     try:
         train_and_export(model, data, run, log=lambda line: print(line, flush=True))
     except (DataError, VocabularyError, ModelDirError) as e:

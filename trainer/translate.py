@@ -9,14 +9,12 @@ Decoding options go through the export's signatures:
   - none of the flags below: `serving_default` (the export's beam size and alpha), or
     the signature --signature names;
   - --beam_size, --alpha, --num_hypotheses, --max_extra_length, --prefix_file:
-    `translate_with_options`, unset ones at the export's values (beam 4, alpha 0.6);
+    `translate_with_options`, unset ones at the export's values (its export.json);
   - --temperature, --sample_topk, --sample_topp (with --seed): `sample`.
 --num_hypotheses=k prints k lines per input line, best first. --prefix_file holds one
 target prefix per input line (an empty line: none): each translation starts with it.
 """
 
-import json
-import os
 import re
 import sys
 
@@ -35,8 +33,8 @@ flags.DEFINE_integer("beam_size", None, "Beam size, 1 (greedy) to the export's "
 flags.DEFINE_float("alpha", None, "Length penalty exponent, >= 0 (default: the export's).")
 flags.DEFINE_integer("num_hypotheses", None, "Translations per input, best first, printed "
                      "as that many lines (default 1).")
-flags.DEFINE_integer("max_extra_length", None, "Output tokens beyond the input's (paper: 50, "
-                     "the default).")
+flags.DEFINE_integer("max_extra_length", None, "Output tokens beyond the input's (default: "
+                     "the export's, the paper's input + 50).")
 flags.DEFINE_string("prefix_file", None, "A file of target prefixes, one per input line ("
                     "empty: none): each translation starts with its prefix.")
 flags.DEFINE_float("temperature", None, "Sample at this temperature (0: greedy; default 1 "
@@ -51,9 +49,9 @@ SAMPLING_FLAGS = ("temperature", "sample_topk", "sample_topp")
 SHARED_FLAGS = ("num_hypotheses", "max_extra_length", "prefix_file")
 
 
-def signature_and_options(info):
-    """(signature name, its scalar inputs) the flags ask for; info: the export's
-    export.json ({} when absent)."""
+def signature_and_options(decode):
+    """(signature name, its scalar inputs) the flags ask for; decode: the export's
+    DecodeConfig, for the options the flags leave unset."""
     import tensorflow as tf
     given = {name for name in BEAM_FLAGS + SAMPLING_FLAGS + SHARED_FLAGS
              if FLAGS[name].value is not None}
@@ -65,7 +63,8 @@ def signature_and_options(info):
         cli.fail("--beam_size/--alpha (beam search) and --temperature/--sample_topk/"
                  "--sample_topp (sampling) exclude each other")
     shared = {"num_hypotheses": tf.constant(FLAGS.num_hypotheses or 1),
-              "max_extra_length": tf.constant(50 if FLAGS.max_extra_length is None
+              "max_extra_length": tf.constant(decode.max_extra_length
+                                              if FLAGS.max_extra_length is None
                                               else FLAGS.max_extra_length)}
     if given & set(SAMPLING_FLAGS):
         return "sample", {
@@ -76,9 +75,9 @@ def signature_and_options(info):
             "top_p": tf.constant(1.0 if FLAGS.sample_topp is None else FLAGS.sample_topp,
                                  tf.float32),
             "seed": tf.constant(FLAGS.seed, tf.int64)}
-    alpha = info.get("alpha", 0.6) if FLAGS.alpha is None else FLAGS.alpha
+    alpha = decode.alpha if FLAGS.alpha is None else FLAGS.alpha
     return "translate_with_options", {
-        **shared, "beam_size": tf.constant(FLAGS.beam_size or info.get("beam_size", 4)),
+        **shared, "beam_size": tf.constant(FLAGS.beam_size or decode.beam_size),
         "alpha": tf.constant(alpha, tf.float32)}
 
 
@@ -89,14 +88,14 @@ def main(argv):
     if FLAGS.batch_size < 1:
         cli.fail("--batch_size must be at least 1")
     import tensorflow as tf
+    from keras_transformer import DecodeConfig
     from trainer.serving import client, saved_model
     try:
         path = saved_model.resolve(FLAGS.saved_model)
-        info_path = os.path.join(path, "assets.extra", saved_model.INFO_FILE)
-        info = json.load(open(info_path)) if os.path.isfile(info_path) else {}
-        signature, options = signature_and_options(info)
+        signature, options = signature_and_options(
+            DecodeConfig.from_dict(saved_model.read_info(path)))
         model = saved_model.load(path)
-    except (FileNotFoundError, OSError) as e:
+    except (FileNotFoundError, OSError, saved_model.ExportError) as e:
         cli.fail(str(e))
     if signature not in model.signatures:
         cli.fail(f"{FLAGS.saved_model} has no {signature} signature (it has "
@@ -112,7 +111,7 @@ def main(argv):
                      f"{len(lines)} input lines")
     try:
         translations = client.translate_lines(model, lines, FLAGS.batch_size, signature,
-                                              cli.Progress(len(lines)), prefixes, **options)
+                                              cli.TranslationProgress(len(lines)), prefixes, **options)
     except tf.errors.InvalidArgumentError as e:
         # An option out of range: the signature's own message ("beam_size must be in ...").
         found = re.search(r"\w+ must be in \S+ \S+, got [^\]\s']+", e.message)

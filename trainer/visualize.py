@@ -26,7 +26,7 @@ def main(argv):
     from trainer.serving import attention_maps, saved_model
     try:
         model = saved_model.load(FLAGS.saved_model)
-    except (FileNotFoundError, OSError) as e:
+    except (FileNotFoundError, OSError, saved_model.ExportError) as e:
         cli.fail(str(e))
     maps = attention_maps.attention_maps(model, FLAGS.text)
     if not maps["source_pieces"]:

@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from keras_transformer import shift_right
 from keras_transformer.special_ids import EOS_ID, PAD_ID
-from trainer import files
+from trainer.model_dir import files
 from trainer.config import DataConfig
 from trainer.data import sources as sources_lib
 from trainer.data import tokenizer as tokenizer_lib
@@ -243,8 +243,11 @@ def cached_counts(corpus: sources_lib.Corpus, tokenizers: tokenizer_lib.Tokenize
     path = os.path.join(model_dir, COUNTS_FILE)
     cache = {}
     if tf.io.gfile.exists(path):
-        with tf.io.gfile.GFile(path) as f:
-            cache = json.load(f)
+        try:
+            with tf.io.gfile.GFile(path) as f:
+                cache = json.load(f)
+        except ValueError:  # a damaged cache is only lost time: count again, rewrite it
+            cache = {}
     if key in cache:
         return SplitCounts(**cache[key]["counts"])
     counts = count_split(corpus.pairs, tokenizers, max_len)

@@ -34,7 +34,7 @@ import tensorflow_text as tf_text
 from tensorflow_text.python.ops import sentencepiece_tokenizer as tf_text_sentencepiece
 
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from trainer import files
+from trainer.model_dir import files
 from trainer.config import SUBWORD_MODELS
 
 # The paper's shared en-de vocabulary (section 5.1).
@@ -145,7 +145,13 @@ class Tokenizer(tf.Module):
 
     def __init__(self, model_proto: bytes, path: Optional[str] = None):
         super().__init__(name="tokenizer")
-        processor = spm.SentencePieceProcessor(model_proto=model_proto)
+        try:
+            processor = spm.SentencePieceProcessor(model_proto=model_proto)
+        except RuntimeError as e:  # a truncated or foreign file
+            reason = " ".join(str(e).split())[:120]
+            raise VocabularyError(f"{path or '<bytes>'} is not a readable SentencePiece model "
+                                  f"({reason}); restore it from a copy, or use another "
+                                  "model directory") from None
         ids = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
         if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
             raise VocabularyError(
@@ -218,7 +224,7 @@ class Tokenizers:
 
 
 def load_or_train(model_dir: str,
-                  sentences: Callable[[], Tuple[Sequence[str], Sequence[str]]],
+                  sentences: Optional[Callable[[], Tuple[Sequence[str], Sequence[str]]]],
                   vocab_size: Optional[int] = None,
                   separate: bool = False,
                   model_type: str = "bpe",
@@ -229,7 +235,8 @@ def load_or_train(model_dir: str,
       model_dir: directory (any tf.io.gfile path) that holds or will hold the
         SentencePiece model(s).
       sentences: called only when training is needed; returns (source sentences,
-        target sentences), the sample to learn from.
+        target sentences), the sample to learn from. None: the vocabulary must exist
+        (serving a trained model).
       vocab_size: pieces per vocabulary; None = `default_size`. When a vocabulary
         already exists, a given size must match it.
       separate: separate source and target vocabularies instead of a shared one.
@@ -258,6 +265,10 @@ def load_or_train(model_dir: str,
     elif has_shared:
         shared = Tokenizer.from_file(shared_path)
         tokenizers = Tokenizers(shared, shared)
+    elif sentences is None:
+        raise VocabularyError(f"{model_dir} holds no vocabulary ({SHARED_MODEL}, or "
+                              f"{SOURCE_MODEL} and {TARGET_MODEL}): is it a model directory "
+                              "of python -m trainer.task?")
     else:
         tf.io.gfile.makedirs(model_dir)
         source_text, target_text = sentences()

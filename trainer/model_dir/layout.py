@@ -3,12 +3,13 @@ checkpoints (ckpt-<step>) and TensorBoard summaries (train/, eval/)."""
 
 import json
 import os
-from typing import List, Optional
+import sys
+from typing import Callable, List, Optional
 
 import tensorflow as tf
 
 from keras_transformer import Transformer, TransformerConfig
-from trainer import files
+from trainer.model_dir import files
 
 CONFIG_FILE = "config.json"
 
@@ -35,13 +36,26 @@ def save_config(model_dir: str, model_config: TransformerConfig):
 
 
 def load_config(model_dir: str) -> TransformerConfig:
-    """The TransformerConfig that `save_config` wrote to model_dir."""
+    """The TransformerConfig that `save_config` wrote to model_dir.
+
+    Raises FileNotFoundError when there is none, ModelDirError when it cannot be read (a
+    half-written or edited file), each naming the file.
+    """
     path = os.path.join(model_dir, CONFIG_FILE)
     if not tf.io.gfile.exists(path):
         raise FileNotFoundError(f"{path} not found: is {model_dir} a model directory of "
                                 "python -m trainer.task?")
-    with tf.io.gfile.GFile(path) as f:
-        return TransformerConfig.from_dict(json.load(f)["model"])
+    try:
+        with tf.io.gfile.GFile(path) as f:
+            return TransformerConfig.from_dict(json.load(f)["model"])
+    except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+        raise ModelDirError(f"{path} is damaged ({_one_line(e)}); restore it from a copy, "
+                            "or use another model directory") from None
+
+
+def warn_on_stderr(message: str):
+    """The default `warn` of the functions below: one line on stderr."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def checkpoints(model_dir: str) -> List[str]:
@@ -52,10 +66,48 @@ def checkpoints(model_dir: str) -> List[str]:
     return list(state.all_model_checkpoint_paths)
 
 
-def restore_model(model_dir: str, checkpoint: Optional[str] = None) -> Transformer:
-    """The float32 model of `checkpoint` (default: the latest) in `model_dir`."""
+def damage(checkpoint: str) -> Optional[str]:
+    """Why the checkpoint at prefix `checkpoint` cannot be read whole (a file cut short
+    by a crash or a full disk, or missing), or None when every tensor reads."""
+    try:
+        reader = tf.train.load_checkpoint(checkpoint)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    except (tf.errors.OpError, IndexError, ValueError, RuntimeError) as e:
+        return _one_line(getattr(e, "message", e))
+    return None
+
+
+def intact_checkpoints(model_dir: str, count: int = 1,
+                       warn: Callable[[str], None] = warn_on_stderr) -> List[str]:
+    """The newest `count` checkpoints of model_dir that read whole, oldest first; each
+    damaged one passed over is named by one `warn` line. Fewer when fewer are intact;
+    raises ModelDirError when none is."""
+    found = []
+    for path in reversed(checkpoints(model_dir)):
+        reason = damage(path)
+        if reason is None:
+            found.insert(0, path)
+            if len(found) == count:
+                break
+        else:
+            warn(f"checkpoint {path} is damaged ({reason}); passing over it")
+    if not found:
+        raise ModelDirError(f"every checkpoint in {model_dir} is damaged")
+    return found
+
+
+def restore_model(model_dir: str, checkpoint: Optional[str] = None,
+                  warn: Callable[[str], None] = warn_on_stderr) -> Transformer:
+    """The float32 model of `checkpoint` (default: the newest intact one) in
+    `model_dir`."""
     model = Transformer(load_config(model_dir))
     model.build()
     tf.train.Checkpoint(model=model).restore(
-        checkpoint or checkpoints(model_dir)[-1]).expect_partial()
+        checkpoint or intact_checkpoints(model_dir, warn=warn)[-1]).expect_partial()
     return model
+
+
+def _one_line(error) -> str:
+    """An exception's message on one short line."""
+    return " ".join(str(error).split())[:160]

@@ -21,6 +21,7 @@ The exported directory also holds the SentencePiece model(s), so a client tokeni
 them: see the README ("Serving with CTranslate2").
 """
 
+import dataclasses
 import os
 import shutil
 from typing import List
@@ -30,13 +31,51 @@ import numpy as np
 from keras_transformer import Transformer, positional_encoding
 from keras_transformer.special_ids import BOS_ID, EOS_ID, UNK_ID
 from trainer.data import tokenizer as tokenizer_lib
+from trainer.model_dir.weights import WeightsChoice, final_model
+from trainer.serving.exporters import MissingExtra
 
+DESCRIPTION = "CTranslate2 model"
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float32", "bfloat16", "int8_bfloat16")
 EXTRA = 'pip install -e ".[ctranslate2]"'
 
 
-class MissingExtra(ImportError):
-    """ctranslate2 is not installed."""
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How a model directory becomes a CTranslate2 model directory.
+
+    Attributes:
+      weights: which weights the export ships.
+      quantization: the weights' type on disk, one of QUANTIZATIONS; CTranslate2 can
+        convert again at load (`compute_type`). Beam size and length penalty are
+        CTranslate2's per-request options.
+    """
+
+    weights: WeightsChoice = dataclasses.field(default_factory=WeightsChoice)
+    quantization: str = "int8"
+
+    def __post_init__(self):
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {self.quantization!r}; choose one of "
+                             f"{', '.join(QUANTIZATIONS)}")
+
+
+def default_dir(name: str, options: Options) -> str:
+    """Where `python -m trainer.export` writes model directory `name`'s conversion."""
+    return os.path.join("saved_models", f"{name}-ctranslate2-{options.quantization}")
+
+
+def export(model_dir: str, export_dir: str, options: Options = Options()) -> str:
+    """Writes model_dir's model (the weights `options` choose) as a CTranslate2 model
+    directory at export_dir, replacing one there; returns export_dir.
+
+    Raises:
+      MissingExtra: ctranslate2 is not installed (checked before the model is read).
+      ValueError: a model CTranslate2 cannot express.
+    """
+    _ctranslate2()
+    model, _ = final_model(model_dir, options.weights)
+    return write(model, tokenizer_lib.load_or_train(model_dir, None), export_dir,
+                 options.quantization)
 
 
 def _ctranslate2():
@@ -143,8 +182,8 @@ def transformer_spec(model: Transformer, tokenizers: tokenizer_lib.Tokenizers):
     return spec
 
 
-def export(model: Transformer, tokenizers: tokenizer_lib.Tokenizers, output_dir: str,
-           quantization: str = "int8") -> str:
+def write(model: Transformer, tokenizers: tokenizer_lib.Tokenizers, output_dir: str,
+          quantization: str = "int8") -> str:
     """Writes `model` as a CTranslate2 model directory (replacing one there) with the
     SentencePiece model(s) beside it; returns output_dir.
 

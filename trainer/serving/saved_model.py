@@ -12,7 +12,7 @@ The version is one more than the highest already in export_dir (1 for a new one)
 export is written to `<export_dir>/.tmp-<version>-<pid>` and renamed, so a server polling
 export_dir never sees a half-written version.
 
-Signatures (inputs -> outputs; trainer/serving/signatures.py has the details):
+Signatures (inputs -> outputs; trainer/serving/translator.py has the details):
 
   serving_default  inputs tf.string [batch] -> translations tf.string [batch],
                    scores float32 [batch]
@@ -40,24 +40,59 @@ Tokenization runs inside the graph (tensorflow_text SentencePiece), so a client 
 receives plain text; the graph holds only core TensorFlow and tensorflow_text ops.
 """
 
+import dataclasses
 import json
 import os
 import re
 import shutil
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import tensorflow as tf
 
-from keras_transformer import Transformer
+from keras_transformer import DecodeConfig, Transformer
 from trainer.data import tokenizer as tokenizer_lib
-from trainer.serving import warmup
-from trainer.serving.signatures import Translator
-from trainer.training import checkpoint_averaging
+from trainer.model_dir.weights import WeightsChoice, final_model
+from trainer.serving import warmup, xla
+from trainer.serving.translator import Translator
 
+DESCRIPTION = "SavedModel"
 SIGNATURES = warmup.SIGNATURES
 INFO_FILE = "export.json"
-# What the exported graph computes its matmuls in (trainer.export --precision).
-PRECISIONS = ("float32", "bfloat16")
+# What the exported graph computes its matmuls in (trainer.export --serving_dtype).
+SERVING_DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How a model directory becomes a SavedModel.
+
+    Attributes:
+      weights: which weights the export ships.
+      decode: the search of every signature: serving_default's beam size and alpha (and
+        the other fixed signatures'), the largest beam translate_with_options and sample
+        accept.
+      serving_dtype: one of SERVING_DTYPES: "float32", or "bfloat16" for CPUs with AVX-512
+        BF16 or AMX: weights and activations in bfloat16, attention softmax, log-probs and
+        scores in float32. bfloat16 weights rather than float32 ones cast at every
+        decoding step (Keras' mixed_bfloat16): the casts cost more than the matmuls save.
+      xla: also export translate_xla (trainer/serving/xla.py).
+    """
+
+    weights: WeightsChoice = dataclasses.field(default_factory=WeightsChoice)
+    decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
+    serving_dtype: str = "float32"
+    xla: bool = False
+
+    def __post_init__(self):
+        if self.serving_dtype not in SERVING_DTYPES:
+            raise ValueError(f"unknown serving dtype {self.serving_dtype!r}; choose one of "
+                             f"{', '.join(SERVING_DTYPES)}")
+
+
+def default_dir(name: str, options: Options) -> str:
+    """Where `python -m trainer.export` writes the versions of model directory `name`."""
+    del options
+    return os.path.join("saved_models", name)
 
 
 def versions(export_dir: str) -> List[int]:
@@ -80,37 +115,44 @@ def resolve(saved_model: str) -> str:
     return os.path.join(saved_model, str(found[-1]))
 
 
+class ExportError(ValueError):
+    """An export cannot be read (a file cut short or edited); the message is one line
+    naming it."""
+
+
 def load(saved_model: str):
-    """The SavedModel at `saved_model` (a version, or an export directory's highest)."""
+    """The SavedModel at `saved_model` (a version, or an export directory's highest).
+    Raises FileNotFoundError when there is none, ExportError when it cannot be read."""
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
-    return tf.saved_model.load(resolve(saved_model))
+    path = resolve(saved_model)
+    try:
+        return tf.saved_model.load(path)
+    except (tf.errors.OpError, ValueError, IOError) as e:
+        raise ExportError(f"{path} is not a readable SavedModel ({_one_line(e)}); export "
+                          "it again with python -m trainer.export") from None
+    except Exception as e:  # protobuf's DecodeError, from a saved_model.pb cut short
+        if type(e).__name__ != "DecodeError":
+            raise
+        raise ExportError(f"{path}/saved_model.pb is damaged ({_one_line(e)}); export it "
+                          "again with python -m trainer.export") from None
 
 
-def build_translator(model_dir: str, beam_size: int = 4, alpha: float = 0.6,
-                     average_last: int = 0, precision: str = "float32",
-                     weights: Optional[str] = None,
-                     max_beam_size: int = 8) -> Tuple[Translator, List[str]]:
-    """(Translator of the model of model_dir, checkpoint prefixes it comes from): the
-    latest checkpoint's weights, the mean of the last `average_last` checkpoints or the
-    moving average (`checkpoint_averaging.final_model`'s `weights`).
+def _one_line(error) -> str:
+    return " ".join(str(getattr(error, "message", error)).split())[:160]
 
-    precision: one of PRECISIONS: "float32", or "bfloat16" for CPUs with AVX-512 BF16
-      or AMX: weights and activations in bfloat16, attention softmax, log-probs and
-      scores in float32. bfloat16 weights rather than float32 ones cast at every
-      decoding step (Keras' mixed_bfloat16): the casts cost more than the matmuls save.
-    """
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; choose one of "
-                         f"{', '.join(PRECISIONS)}")
-    model, paths = checkpoint_averaging.final_model(model_dir, average_last, weights)
-    if precision == "bfloat16":
+
+def build_translator(model_dir: str, options: Options = Options()
+                     ) -> Tuple[Translator, List[str]]:
+    """(Translator of the model of model_dir as `options` ask, checkpoint prefixes its
+    weights come from)."""
+    model, paths = final_model(model_dir, options.weights)
+    if options.serving_dtype == "bfloat16":
         float32_model = model
         model = Transformer(float32_model.config, dtype="bfloat16")
         model.build()
         model.set_weights(float32_model.get_weights())
     tokenizers = tokenizer_lib.load_or_train(model_dir, None)
-    return Translator(model, tokenizers, beam_size=beam_size, alpha=alpha,
-                      max_beam_size=max_beam_size), paths
+    return Translator(model, tokenizers, options.decode), paths
 
 
 def _servable(translator: Translator) -> tf.Module:
@@ -130,48 +172,67 @@ def _servable(translator: Translator) -> tf.Module:
     return servable
 
 
-def export(model_dir: str, export_dir: str, beam_size: int = 4, alpha: float = 0.6,
-           average_last: int = 0, precision: str = "float32",
-           weights: Optional[str] = None, max_beam_size: int = 8, xla: bool = False) -> str:
-    """Exports model_dir's model as the next version in export_dir; returns its path.
-    beam_size and alpha are serving_default's (and the other fixed signatures');
-    max_beam_size bounds what translate_with_options and sample accept; xla adds the
-    translate_xla signature."""
-    translator, checkpoints = build_translator(model_dir, beam_size, alpha, average_last,
-                                               precision, weights, max_beam_size)
-    names = SIGNATURES + (("translate_xla",) if xla else ())
+def export(model_dir: str, export_dir: str, options: Options = Options()) -> str:
+    """Exports model_dir's model as the next version in export_dir; returns its path."""
+    translator, checkpoints = build_translator(model_dir, options)
     signatures = {name: getattr(translator, "translate" if name == "serving_default" else name
-                                ).get_concrete_function() for name in names}
+                                ).get_concrete_function() for name in SIGNATURES}
+    route = xla.XlaRoute(translator) if options.xla else None
+    if route is not None:
+        signatures[xla.SIGNATURE] = route.translate.get_concrete_function()
     info = {"model_dir": os.path.abspath(model_dir), "checkpoints": checkpoints,
-            "weights": weights or ("average" if average_last else "last"),
-            "beam_size": beam_size, "alpha": alpha, "max_beam_size": max_beam_size,
-            "precision": precision,
-            "model": translator.model.config.to_dict(),
-            "signatures": list(signatures)}
-
-    tf.io.gfile.makedirs(export_dir)
-    version = (versions(export_dir) or [0])[-1] + 1
-    # The pid keeps two concurrent exports out of each other's staging directory.
-    staging = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
+            "weights": options.weights.kind, **options.decode.to_dict(),
+            "serving_dtype": options.serving_dtype,
+            "model": translator.model.config.to_dict(), "signatures": list(signatures)}
+    staging = _staging_dir(export_dir)
     try:
         tf.saved_model.save(_servable(translator), staging, signatures=signatures)
         extra = os.path.join(staging, "assets.extra")
         tf.io.gfile.makedirs(extra)
         warmup.write(os.path.join(extra, warmup.FILE),
-                     os.path.basename(os.path.abspath(export_dir)))
-        while True:
-            with tf.io.gfile.GFile(os.path.join(extra, INFO_FILE), "w") as f:
-                json.dump({**info, "version": version}, f, indent=2)
-            final = os.path.join(export_dir, str(version))
-            try:
-                # Atomic; fails if `final` exists and is not empty, i.e. another export
-                # took this version meanwhile: then take the next one.
-                os.rename(staging, final)
-                return final
-            except OSError:
-                if not os.path.isdir(final):
-                    raise
-                version += 1
+                     os.path.basename(os.path.abspath(export_dir)), options.decode)
+        return _publish(staging, export_dir, info)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def read_info(saved_model: str) -> dict:
+    """The export.json of an export version ({} when it has none: an older export).
+    Raises ExportError when it cannot be read."""
+    path = os.path.join(saved_model, "assets.extra", INFO_FILE)
+    if not tf.io.gfile.exists(path):
+        return {}
+    try:
+        with tf.io.gfile.GFile(path) as f:
+            return json.load(f)
+    except ValueError as e:
+        raise ExportError(f"{path} is damaged ({_one_line(e)}); export the model again "
+                          "with python -m trainer.export") from None
+
+
+def _staging_dir(export_dir: str) -> str:
+    """A fresh directory beside the versions, this process's own (the pid keeps two
+    concurrent exports out of each other's)."""
+    tf.io.gfile.makedirs(export_dir)
+    staging = os.path.join(export_dir, f".tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    return staging
+
+
+def _publish(staging: str, export_dir: str, info: dict) -> str:
+    """Renames `staging` to the next version of export_dir, with export.json (info and
+    the version) written into it; returns the version's path."""
+    version = (versions(export_dir) or [0])[-1] + 1
+    while True:
+        with tf.io.gfile.GFile(os.path.join(staging, "assets.extra", INFO_FILE), "w") as f:
+            json.dump({**info, "version": version}, f, indent=2)
+        final = os.path.join(export_dir, str(version))
+        try:
+            # Atomic; fails if `final` exists and is not empty, i.e. another export took
+            # this version meanwhile: then take the next one.
+            os.rename(staging, final)
+            return final
+        except OSError:
+            if not os.path.isdir(final):
+                raise
+            version += 1

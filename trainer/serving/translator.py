@@ -15,8 +15,8 @@ are the SavedModel's signatures (trainer/serving/saved_model.py):
                  temperature, top_k, top_p, seed scalars -> as translate_with_options
   score          (tf.string [batch], tf.string [batch]) -> log_probs, scores, lengths
   attention      tf.string [batch] -> pieces and attention weights (paper section 3.2, 4)
-  translate_xla  as translate, a small request's search compiled by XLA (opt-in:
-                 trainer.export --xla)
+
+(translate_with_options and sample are in trainer/serving/options.py.)
 
 Every one of them gives one result per input whatever the input (only `score` rejects a
 call whose inputs and targets differ in number, and the options signatures options out of
@@ -27,43 +27,35 @@ config.max_length - 1 tokens.
 
 import tensorflow as tf
 
-from keras_transformer import (Transformer, beam_search, length_penalty, sample_search,
+from keras_transformer import (DecodeConfig, Transformer, beam_search, length_penalty,
                                sequence_log_probs, shift_right)
 from keras_transformer.special_ids import EOS_ID, PAD_ID, UNK_ID
 from trainer.data.tokenizer import Tokenizers
+from trainer.serving.options import OptionSignatures
 
 _NEG_INF = float("-inf")
-# translate_xla pads source widths to a multiple of this: one XLA compile per batch size
-# and multiple, not per source length.
-XLA_WIDTH_MULTIPLE = 16
-# translate_xla compiles requests of at most this many sentences; larger ones run translate's
-# search, which is faster from about 8 sentences on, where every step attending over every
-# position costs more than XLA saves (bench/xla_batch_sizes.py measures where).
-XLA_MAX_BATCH = 4
 
 
-class Translator(tf.Module):
+class Translator(OptionSignatures, tf.Module):
     """A trained model with its tokenizers and decoding settings.
 
     Args:
       model: the Transformer.
       tokenizers: its source and target tokenizers.
-      beam_size, alpha: beam search settings (section 6.1: 4 and 0.6).
-      max_beam_size: the largest beam (and number of samples) a client may ask of
-        translate_with_options and sample; it bounds their work and output.
+      decode: the search: the fixed signatures' beam size, alpha and extra length, and
+        the largest beam (and number of samples) a client may ask of
+        translate_with_options and sample.
       use_cache: incremental decoding with the key/value cache (False recomputes the
         whole prefix every step; for benchmarks).
     """
 
-    def __init__(self, model: Transformer, tokenizers: Tokenizers, beam_size: int = 4,
-                 alpha: float = 0.6, max_beam_size: int = 8, use_cache: bool = True):
+    def __init__(self, model: Transformer, tokenizers: Tokenizers,
+                 decode: DecodeConfig = DecodeConfig(), use_cache: bool = True):
         super().__init__(name="translator")
         self.model = model
         self.source_tokenizer = tokenizers.source
         self.target_tokenizer = tokenizers.target
-        self.beam_size = beam_size
-        self.alpha = alpha
-        self.max_beam_size = max_beam_size
+        self.decode = decode
         self.use_cache = use_cache
 
     def source_ids(self, inputs):
@@ -98,10 +90,12 @@ class Translator(tf.Module):
         pieces = self.target_tokenizer.tokenize(_valid_utf8(texts))
         return pieces[:, :self.model.config.max_length - 2]
 
-    def _search(self, source_ids, num_hypotheses=1):
-        """Beam search whose first num_hypotheses outputs are exact (1: the signatures
-        that return only the best translation stop as soon as it is certain)."""
-        return beam_search(self.model, source_ids, beam_size=self.beam_size, alpha=self.alpha,
+    def search(self, source_ids, num_hypotheses=1):
+        """Beam search with `decode`'s settings, whose first num_hypotheses outputs are
+        exact (1: the signatures that return only the best translation stop as soon as
+        it is certain)."""
+        return beam_search(self.model, source_ids, beam_size=self.decode.beam_size,
+                           alpha=self.decode.alpha, extra_length=self.decode.max_extra_length,
                            use_cache=self.use_cache, num_hypotheses=num_hypotheses)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
@@ -110,41 +104,11 @@ class Translator(tf.Module):
         scores are the best hypothesis' log-probability / length penalty, 0 for an empty
         input (translated to the empty string)."""
         source_ids = self.source_ids(inputs)
-        return self._best(source_ids, self._search(source_ids))
+        return self.best(source_ids, self.search(source_ids))
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
-    def translate_xla(self, inputs):
-        """`translate` (same inputs, outputs and translations), the search of a request
-        of up to XLA_MAX_BATCH sentences compiled by XLA on fixed shapes (beam_search's
-        fixed_shapes): a step's hundreds of small ops fused, for latency-bound serving. A
-        larger request runs `translate`'s search, whose shrinking batch and growing cache
-        win there. Each batch size and source width (in pieces, padded to a multiple of
-        XLA_WIDTH_MULTIPLE) costs one compile, seconds, on its first request; TF Serving
-        runs the signature only with XLA's CPU JIT enabled
-        (--xla_cpu_compilation_enabled)."""
-        source_ids = self.source_ids(inputs)
-        return tf.cond(tf.shape(source_ids)[0] <= XLA_MAX_BATCH,
-                       lambda: self._best(*self.fixed_shape_search(source_ids)),
-                       lambda: self._best(source_ids, self._search(source_ids)))
-
-    def fixed_shape_search(self, source_ids):
-        """translate_xla's search for small requests, on any batch (bench/xla_batch_sizes.py
-        times it): source_ids int32 [batch, src_len] -> (the ids padded to a width that is
-        a multiple of XLA_WIDTH_MULTIPLE, their best hypotheses' DecodeResult), the search
-        compiled by XLA on fixed shapes."""
-        width = tf.shape(source_ids)[1]
-        padded = tf.minimum(-(-width // XLA_WIDTH_MULTIPLE) * XLA_WIDTH_MULTIPLE,
-                            tf.maximum(width, self.model.config.max_length))
-        source_ids = tf.pad(source_ids, [[0, 0], [0, padded - width]])
-        return source_ids, self._compiled_fixed_shape_search(source_ids)
-
-    @tf.function(jit_compile=True)
-    def _compiled_fixed_shape_search(self, source_ids):
-        return beam_search(self.model, source_ids, beam_size=self.beam_size, alpha=self.alpha,
-                           num_hypotheses=1, fixed_shapes=True)
-
-    def _best(self, source_ids, result):
-        """translate's outputs from a search's DecodeResult."""
+    def best(self, source_ids, result):
+        """translate's outputs from a search's DecodeResult: {"translations": tf.string
+        [batch], "scores": float32 [batch]}, "" and 0 for empty inputs."""
         has_input = tf.reduce_any(source_ids != PAD_ID, axis=1)
         translations = self.target_tokenizer.detokenize(result.ids[:, 0])
         return {"translations": tf.where(has_input, translations, ""),
@@ -168,7 +132,7 @@ class Translator(tf.Module):
         source_ids = tf.where((source_ids < 0) | (source_ids >= vocab), UNK_ID, source_ids)
         # Attention needs at least one key, even when every row is empty.
         source_ids = tf.pad(source_ids, [[0, 0], [0, tf.maximum(1 - tf.shape(source_ids)[1], 0)]])
-        result = self._search(source_ids)
+        result = self.search(source_ids)
         has_input = tf.reduce_any(source_ids != PAD_ID, axis=1)
         return {"ids": tf.where(has_input[:, None], result.ids[:, 0], PAD_ID),
                 "lengths": tf.where(has_input, result.lengths[:, 0], 0),
@@ -184,97 +148,8 @@ class Translator(tf.Module):
         An empty input gives k empty translations scoring 0.
         """
         source_ids = self.source_ids(inputs)
-        result = self._search(source_ids, num_hypotheses=self.beam_size)
-        return self._hypotheses(source_ids, result, self.beam_size)
-
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
-                                  tf.TensorSpec([None], tf.string),
-                                  tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32),
-                                  tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)])
-    def translate_with_options(self, inputs, target_prefix, beam_size, alpha,
-                               max_extra_length, num_hypotheses):
-        """Beam search with the client's settings, from one trace: `translate` (beam_size
-        4, alpha 0.6, max_extra_length 50, num_hypotheses 1) or `nbest` per request,
-        greedy search (beam_size 1, alpha 0), and a forced start of the output.
-
-        Inputs:
-          inputs: tf.string [batch].
-          target_prefix: tf.string [batch], the start each translation must have (the
-            words a translator has typed), "" for none. Its pieces are forced, scored by
-            the model (their log-probabilities count in log_probs) and the search goes on
-            from them; a prefix longer than the output may be is cut.
-          beam_size: int32 scalar, 1 to max_beam_size.
-          alpha: float32 scalar, the length penalty exponent, >= 0 (0: none).
-          max_extra_length: int32 scalar >= 0: outputs have at most (source pieces + 1 +
-            max_extra_length) tokens with EOS (section 6.1: 50), and at most
-            config.max_length - 1.
-          num_hypotheses: int32 scalar, 1 to beam_size: the exact best hypotheses returned.
-        Returns {"translations": tf.string [batch, num_hypotheses], best first; "scores",
-          "log_probs": float32 [batch, num_hypotheses], as `nbest`}. An option out of its
-          range fails the call with InvalidArgument naming it and the range; an empty
-          input gives empty translations scoring 0.
-        """
-        checks = [
-            _check_range("beam_size", beam_size, 1, self.max_beam_size),
-            _check_range("num_hypotheses", num_hypotheses, 1, beam_size, "beam_size"),
-            _check_range("max_extra_length", max_extra_length, 0),
-            _check_range("alpha", alpha, 0.0),
-            _check_same_batch(inputs, target_prefix)]
-        beam_size, alpha, max_extra_length, num_hypotheses, inputs, target_prefix = _after(
-            checks, beam_size, alpha, max_extra_length, num_hypotheses, inputs, target_prefix)
-        source_ids = self.source_ids(inputs)
-        result = beam_search(self.model, source_ids, beam_size=beam_size, alpha=alpha,
-                             extra_length=max_extra_length, use_cache=self.use_cache,
-                             num_hypotheses=num_hypotheses,
-                             target_prefix=self.prefix_ids(target_prefix))
-        return self._hypotheses(source_ids, result, num_hypotheses)
-
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
-                                  tf.TensorSpec([None], tf.string),
-                                  tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
-                                  tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32),
-                                  tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int64)])
-    def sample(self, inputs, target_prefix, num_hypotheses, max_extra_length, temperature,
-               top_k, top_p, seed):
-        """Random translations (back-translation, diverse outputs): each token drawn from
-        the model's distribution (keras_transformer.sample_search).
-
-        Inputs:
-          inputs, target_prefix, max_extra_length: as `translate_with_options`.
-          num_hypotheses: int32 scalar, samples per input, 1 to max_beam_size.
-          temperature: float32 scalar >= 0; 0 takes the most probable token (greedy).
-          top_k: int32 scalar >= 0, sample among the k most probable tokens; 0: all.
-          top_p: float32 scalar in (0, 1], sample within the smallest set of most probable
-            tokens whose probability reaches top_p (nucleus sampling); 1: all.
-          seed: int64 scalar. The same seed, input and prefix give the same samples in
-            any process, thread or batch (each input is seeded by a hash of the three);
-            another seed gives others.
-        Returns {"translations": tf.string [batch, num_hypotheses], each input's samples
-          sorted by score; "scores", "log_probs": float32 [batch, num_hypotheses], the
-          model's log P(translation | input) (at temperature 1) and that divided by the
-          export's length penalty}. Errors and empty inputs as `translate_with_options`.
-        """
-        checks = [
-            _check_range("num_hypotheses", num_hypotheses, 1, self.max_beam_size),
-            _check_range("max_extra_length", max_extra_length, 0),
-            _check_range("temperature", temperature, 0.0),
-            _check_range("top_k", top_k, 0),
-            _check_range("top_p", top_p, 0.0, 1.0, low_included=False),
-            _check_same_batch(inputs, target_prefix)]
-        num_hypotheses, max_extra_length, temperature, top_k, top_p, inputs, target_prefix = \
-            _after(checks, num_hypotheses, max_extra_length, temperature, top_k, top_p, inputs,
-                   target_prefix)
-        source_ids = self.source_ids(inputs)
-        # A seed per input, so that server-side batching does not change its samples.
-        seeds = tf.strings.to_hash_bucket_fast(
-            tf.strings.join([tf.strings.as_string(seed), inputs, target_prefix], "\x00"),
-            2**62)
-        result = sample_search(self.model, source_ids, seeds, num_samples=num_hypotheses,
-                               temperature=temperature, top_k=top_k, top_p=top_p,
-                               alpha=self.alpha, extra_length=max_extra_length,
-                               use_cache=self.use_cache,
-                               target_prefix=self.prefix_ids(target_prefix))
-        return self._hypotheses(source_ids, result, num_hypotheses)
+        result = self.search(source_ids, num_hypotheses=self.decode.beam_size)
+        return self._hypotheses(source_ids, result, self.decode.beam_size)
 
     def _hypotheses(self, source_ids, result, k):
         """The first k hypotheses of a DecodeResult as texts: {"translations": tf.string
@@ -313,7 +188,7 @@ class Translator(tf.Module):
         empty_target = lengths == 1
         log_probs = tf.where(has_input, log_probs, tf.where(empty_target, 0.0, _NEG_INF))
         return {"log_probs": log_probs,
-                "scores": log_probs / length_penalty(lengths, self.alpha),
+                "scores": log_probs / length_penalty(lengths, self.decode.alpha),
                 "lengths": lengths}
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
@@ -334,7 +209,7 @@ class Translator(tf.Module):
         Entries past a row's lengths are padding.
         """
         source_ids = self.source_ids(inputs)
-        result = self._search(source_ids)
+        result = self.search(source_ids)
         has_input = tf.reduce_any(source_ids != PAD_ID, axis=1)
         output_lengths = tf.where(has_input, result.lengths[:, 0], 0)
         output_ids = result.ids[:, 0, :tf.reduce_max(tf.concat([output_lengths, [0]], 0))]
@@ -353,36 +228,6 @@ class Translator(tf.Module):
                 "output_lengths": output_lengths,
                 "encoder_self_attention": tf.stack(encoder_weights, axis=1),
                 "encoder_decoder_attention": tf.stack(cross_weights, axis=1)}
-
-
-def _check_range(name, value, low, high=None, high_name=None, low_included=True):
-    """An assertion that the scalar option `value` is finite and lies in [low, high]
-    ((low, high] when not low_included; no upper bound when high is None). Its
-    InvalidArgument message names the option, the range and the value."""
-    within = value >= low if low_included else value > low
-    if high is not None:
-        within &= value <= high
-    if value.dtype.is_floating:
-        within &= tf.math.is_finite(value)
-    opening = "[" if low_included else "("
-    closing = (f"{high_name}=" if high_name else "") + "{}]" if high is not None else "inf)"
-    message = tf.strings.format(f"{name} must be in {opening}{low}, {closing}, got {{}}",
-                                [high, value] if high is not None else [value])
-    return tf.debugging.Assert(within, [message])
-
-
-def _after(checks, *tensors):
-    """The tensors, read only once every assertion in `checks` has passed: no op sees an
-    option out of its range (tf.fill would fail first, with a message naming nothing)."""
-    with tf.control_dependencies(checks):
-        return [tf.identity(t) for t in tensors]
-
-
-def _check_same_batch(inputs, target_prefix):
-    """An assertion that there is one target prefix per input."""
-    return tf.debugging.assert_equal(
-        tf.shape(inputs), tf.shape(target_prefix),
-        message="target_prefix must have one entry per input (\"\" for none)")
 
 
 def _valid_utf8(strings):

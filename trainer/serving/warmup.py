@@ -6,6 +6,8 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from keras_transformer import DecodeConfig
+
 SIGNATURES = ("serving_default", "translate_ids", "nbest", "score", "attention",
               "translate_with_options", "sample")
 FILE = "tf_serving_warmup_requests"
@@ -13,8 +15,9 @@ FILE = "tf_serving_warmup_requests"
 TEXTS = ("A man is riding a bicycle.", "", "twenty one")
 
 
-def requests(model_name: str, texts: Sequence[str] = TEXTS):
-    """PredictRequest protos (tensorflow_serving.apis), one per signature, on `texts`."""
+def requests(model_name: str, decode: DecodeConfig, texts: Sequence[str] = TEXTS):
+    """PredictRequest protos (tensorflow_serving.apis), one per signature, on `texts`,
+    asking the options signatures for the export's own settings (`decode`)."""
     from tensorflow_serving.apis import predict_pb2
 
     texts = [t.encode("utf-8") for t in texts]
@@ -26,14 +29,17 @@ def requests(model_name: str, texts: Sequence[str] = TEXTS):
         "nbest": {"inputs": texts},
         "score": {"inputs": texts, "targets": list(reversed(texts))},
         "attention": {"inputs": texts},
-        # A prefix on one input; two hypotheses, so the search runs as nbest does.
+        # A prefix on one input; two hypotheses where the beam allows, so the search runs
+        # as nbest does.
         "translate_with_options": {
             "inputs": texts, "target_prefix": [b"", b"", b"twenty"],
-            "beam_size": tf.constant(4), "alpha": tf.constant(0.6),
-            "max_extra_length": tf.constant(50), "num_hypotheses": tf.constant(2)},
+            "beam_size": tf.constant(decode.beam_size), "alpha": tf.constant(decode.alpha),
+            "max_extra_length": tf.constant(decode.max_extra_length),
+            "num_hypotheses": tf.constant(min(2, decode.beam_size))},
         "sample": {
             "inputs": texts, "target_prefix": [b"", b"", b"twenty"],
-            "num_hypotheses": tf.constant(2), "max_extra_length": tf.constant(50),
+            "num_hypotheses": tf.constant(min(2, decode.max_beam_size)),
+            "max_extra_length": tf.constant(decode.max_extra_length),
             "temperature": tf.constant(1.0), "top_k": tf.constant(0),
             "top_p": tf.constant(0.9), "seed": tf.constant(0, tf.int64)},
     }
@@ -48,12 +54,12 @@ def requests(model_name: str, texts: Sequence[str] = TEXTS):
     return out
 
 
-def write(path: str, model_name: str):
+def write(path: str, model_name: str, decode: DecodeConfig):
     """Writes the warmup file: a TFRecord of PredictionLog protos."""
     from tensorflow_serving.apis import prediction_log_pb2
 
     with tf.io.TFRecordWriter(path) as writer:
-        for request in requests(model_name):
+        for request in requests(model_name, decode):
             log = prediction_log_pb2.PredictionLog(
                 predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())

@@ -1,5 +1,5 @@
 """A run's checkpoints: the model and the optimizer, whose iteration count is the step
-(the training stream's position is saved beside them: trainer/training/training_stream.py).
+(the training stream's position is saved beside them: trainer/training/stream.py).
 
 Every worker of a MultiWorkerMirroredStrategy takes part in saving; only the chief keeps
 what it writes (`distribute.worker_dir`). `kill -9` at any moment leaves only complete
@@ -7,12 +7,18 @@ checkpoints: tf.train.CheckpointManager writes the state file after the data.
 """
 
 import os
-from typing import Optional
+from typing import Callable, Optional, Set
 
+import keras
 import tensorflow as tf
 
+from trainer.model_dir import layout
+from trainer.model_dir.ema import MovingAverage
 from trainer.training import distribute
-from trainer.training.moving_average import MovingAverage
+
+# A float16 run's checkpoint holds its loss scale (keras.optimizers.LossScaleOptimizer).
+_LOSS_SCALE = "optimizer/dynamic_scale/"
+_MOVING_AVERAGE = "moving_average/"
 
 
 class Checkpointer:
@@ -22,7 +28,7 @@ class Checkpointer:
       model, optimizer: what a checkpoint holds.
       model_dir: the run's model directory.
       keep: checkpoints kept (the oldest are deleted); averaging reads the last ones.
-      moving_average: the EMA of the weights (trainer/training/moving_average.py), if the
+      moving_average: the EMA of the weights (trainer/model_dir/ema.py), if the
         run keeps one.
     """
 
@@ -32,6 +38,7 @@ class Checkpointer:
         self.moving_average = moving_average
         tracked = {} if moving_average is None else {"moving_average": moving_average}
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, **tracked)
+        self.restored: Optional[str] = None  # the checkpoint `restore` read
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, distribute.worker_dir(model_dir), max_to_keep=keep,
             checkpoint_name="ckpt")
@@ -46,16 +53,54 @@ class Checkpointer:
         """The newest checkpoint prefix in the model directory, if any."""
         return tf.train.latest_checkpoint(self.model_dir)
 
-    def restore(self) -> int:
-        """Restores the latest checkpoint, if there is one; returns the step it holds."""
-        if self.latest:
-            self.checkpoint.restore(self.latest).assert_existing_objects_matched()
-            if self.moving_average is not None and not any(
-                    name.startswith("moving_average/")
-                    for name, _ in tf.train.list_variables(self.latest)):
-                # EMA switched on at a resume: it starts from the restored weights.
-                self.moving_average.reset(self.model.trainable_variables)
+    def restore(self, log: Callable[[str], None] = print) -> int:
+        """Restores the newest checkpoint that reads whole, if there is one; returns the
+        step it holds (0 without one).
+
+        A damaged checkpoint (cut short by a crash or a full disk) is passed over with a
+        warning line. A moving average that the checkpoint lacks starts from the restored
+        weights, with a line saying so. Raises ModelDirError, one line naming the flag and
+        the checkpoint, when this run's flags build what the checkpoint cannot fill.
+        """
+        if not self.latest:
+            return self.step
+        path = layout.intact_checkpoints(
+            self.model_dir, warn=lambda message: log(f"warning: {message}"))[-1]
+        names = {name for name, _ in tf.train.list_variables(path)}
+        self._check_precision(path, names)
+        starts_average = self.moving_average is not None and not any(
+            name.startswith(_MOVING_AVERAGE) for name in names)
+        checkpoint = (tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
+                      if starts_average else self.checkpoint)
+        try:
+            checkpoint.restore(path).assert_existing_objects_matched()
+        except AssertionError as e:
+            reason = " ".join(str(e).split())[:120]
+            raise layout.ModelDirError(
+                f"{path} does not hold what these flags build ({reason}...); resume with "
+                "the flags that wrote it, or use another --model_dir") from None
+        if starts_average:
+            self.moving_average.reset(self.model.trainable_variables)
+            log(f"{path} holds no moving average of the weights: --ema_decay="
+                f"{self.moving_average.decay:g} starts one from its weights at step {self.step}")
+        self.restored = path
         return self.step
+
+    def _check_precision(self, path: str, names: Set[str]):
+        """Raises ModelDirError when float16 loss scaling differs between the checkpoint
+        and this run: the optimizer's state is laid out differently with and without."""
+        trained_scaled = any(name.startswith(_LOSS_SCALE) for name in names)
+        scaled = isinstance(self.optimizer, keras.optimizers.LossScaleOptimizer)
+        if trained_scaled and not scaled:
+            raise layout.ModelDirError(
+                f"--precision contradicts {path}, which was trained with "
+                "--precision=mixed_float16 (its loss scale is in the checkpoint); resume with "
+                "--precision=mixed_float16, or use another --model_dir")
+        if scaled and not trained_scaled:
+            raise layout.ModelDirError(
+                f"--precision=mixed_float16 contradicts {path}, which was trained without "
+                "float16 loss scaling (--precision=float32 or mixed_bfloat16); resume with "
+                "its precision, or use another --model_dir")
 
     def save(self, step: int) -> str:
         """Writes the checkpoint of `step` (every worker takes part); returns its path in

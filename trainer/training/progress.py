@@ -28,7 +28,7 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-class ProgressLog:
+class TrainingProgress:
     """Reports every `log_every` updates: "step 120/20000  loss 6.78  lr 2.35e-04
     8,748 tok/s  elapsed 2:15  ETA 49:52" and the statistics as TensorBoard scalars
     (the StepStatistics fields and tokens_per_second).

@@ -1,6 +1,7 @@
 """Validation during training: the label-smoothed loss and token accuracy over the
 validation split, and sacreBLEU, chrF and exact match of beam search on its sentences,
-through the same graph the export serves. Written to `<model_dir>/eval` for TensorBoard."""
+through the same graph the export serves (training's one arrow into serving: validation
+BLEU is then the served model's BLEU). Written to `<model_dir>/eval` for TensorBoard."""
 
 import os
 from typing import Callable, Dict
@@ -8,11 +9,12 @@ from typing import Callable, Dict
 import numpy as np
 import tensorflow as tf
 
-from keras_transformer import Transformer, correct_tokens, label_smoothed_cross_entropy
+from keras_transformer import (DecodeConfig, Transformer, correct_tokens,
+                               label_smoothed_cross_entropy)
+from trainer import metrics
 from trainer.data.input_pipeline import Data
 from trainer.serving.client import translate_texts
-from trainer.serving.signatures import Translator
-from trainer.training import bleu
+from trainer.serving.translator import Translator
 
 
 class Validator:
@@ -22,15 +24,16 @@ class Validator:
       model: the Transformer being trained (any dtype policy).
       data: the run's data (validation batches, texts and tokenizers).
       model_dir: summaries go to <model_dir>/eval.
-      beam_size, alpha: beam search for BLEU (section 6.1: 4 and 0.6).
+      decode: the search for BLEU, the export's.
       bleu_sentences: how many validation sentences to translate (0: all); None skips
         translation (loss and accuracy only).
       bleu_tokenize: sacreBLEU's tokenizer ("13a", or "char" for the builtin corpus).
       log: where the one-time line naming the BLEU signature goes.
     """
 
-    def __init__(self, model: Transformer, data: Data, model_dir: str, beam_size: int = 4,
-                 alpha: float = 0.6, bleu_sentences=0, bleu_tokenize: str = "13a",
+    def __init__(self, model: Transformer, data: Data, model_dir: str,
+                 decode: DecodeConfig = DecodeConfig(), bleu_sentences=0,
+                 bleu_tokenize: str = "13a",
                  log: Callable[[str], None] = print):
         self.model, self.data, self.log = model, data, log
         # One trace for every batch shape.
@@ -45,7 +48,7 @@ class Validator:
             if bleu_sentences:
                 sources, references = sources[:bleu_sentences], references[:bleu_sentences]
             self.sources, self.references = list(sources), list(references)
-            self.translator = Translator(model, data.tokenizers, beam_size, alpha)
+            self.translator = Translator(model, data.tokenizers, decode)
             self.bleu_tokenize = bleu_tokenize
             self.signature = None
 
@@ -71,7 +74,7 @@ class Validator:
     def translation_scores(self) -> Dict[str, float]:
         """BLEU, chrF and exact match of beam search on the validation sentences."""
         hypotheses = translate_texts(self.translator.translate, self.sources)
-        scores = bleu.corpus_scores(hypotheses, self.references, tokenize=self.bleu_tokenize)
+        scores = metrics.corpus_scores(hypotheses, self.references, tokenize=self.bleu_tokenize)
         if self.signature is None:
             self.signature = str(scores["bleu"][1])
             self.log(f"validation BLEU: sacreBLEU {self.signature} on {len(self.sources)} "
