@@ -1,11 +1,16 @@
 """Shared test set-up: quiet TensorFlow logs, paths to the shared data, and one tiny
 model trained and exported once per session by the real `python -m trainer.task` in a
 subprocess (the fixtures `exported`, `loaded`, `translator`, `sentencepiece`), which every
-export, signature and CLI test shares (under pytest-xdist, all workers: trained once)."""
+export, signature and CLI test shares (under pytest-xdist, all workers: trained once).
+Also what several test files share, so that no test module imports another: the decoding
+tests' copy task (`copy_model`, `copy_sources`, `decode`, ...), the training tests' `data`
+and `make_trainer`, and the task tests' `QUICK` flags and model-directory readers
+(`summaries`, `latest_step`, `free_port`)."""
 
 import dataclasses
 import fcntl
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +18,14 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# After the log level, which TensorFlow reads when it is imported.
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from keras_transformer import (EOS_ID, Transformer, TransformerConfig,  # noqa: E402
+                               sequence_log_probs)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -140,6 +153,174 @@ def sources(n: int):
     """n different sentences of the builtin corpus' source language (English numbers)."""
     from trainer.data import builtin_corpus
     return [builtin_corpus.english(7 + 389 * i) for i in range(n)]
+
+
+# The decoding tests' copy task (test_decoding.py, test_decoding_options.py).
+
+VOCAB = 16
+# A 23-token output limit keeps the loops short; each test names any other limit.
+CONFIG = dataclasses.replace(TransformerConfig.tiny(vocab_size=VOCAB), max_length=24,
+                             dropout=0.0)
+ANY_IDS = [tf.TensorSpec([None, None], tf.int32)]
+
+
+def copy_batch(rng, batch, max_tokens=8):
+    """Copy task: source = target = tokens + EOS, 0-padded to max_tokens + 1."""
+    lengths = rng.integers(2, max_tokens + 1, size=batch)
+    tokens = rng.integers(4, VOCAB, size=(batch, max_tokens + 1)).astype("int32")
+    ids = np.where(np.arange(max_tokens + 1) < lengths[:, None], tokens, 0).astype("int32")
+    ids[np.arange(batch), lengths] = EOS_ID
+    return ids
+
+
+@pytest.fixture(scope="module")
+def copy_model():
+    """A model trained briefly on the copy task: it ends outputs with EOS, but is
+    unsure enough that beams differ (about 6 s on 2 CPU cores)."""
+    keras.utils.set_random_seed(0)
+    model = Transformer(CONFIG)
+    model.build()
+    optimizer = keras.optimizers.Adam(3e-3)
+
+    @tf.function
+    def train_step(ids):
+        target_input_ids = tf.concat([tf.fill([tf.shape(ids)[0], 1], 2), ids[:, :-1]], 1)
+        with tf.GradientTape() as tape:
+            logits = model((ids, target_input_ids), training=True)
+            losses = keras.losses.sparse_categorical_crossentropy(ids, logits, from_logits=True)
+            weights = tf.cast(ids != 0, tf.float32)
+            loss = tf.reduce_sum(losses * weights) / tf.reduce_sum(weights)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables))
+
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        train_step(copy_batch(rng, 64))
+    return model
+
+
+@pytest.fixture(scope="module")
+def copy_sources():
+    """The copy-task sources most decoding tests decode: 6 of them (`copy_batch`, seed 1)."""
+    return copy_batch(np.random.default_rng(1), batch=6)
+
+
+_TRACED = {}
+
+
+def decode(search, model, source_ids, **kwargs):
+    """`search` in a tf.function with unknown batch and length, as an export runs it
+    (traced once per search, model and arguments: tracing dominates these tests)."""
+    key = (search, model, tuple(sorted(kwargs.items())))
+    if key not in _TRACED:
+        _TRACED[key] = tf.function(lambda ids: search(model, ids, **kwargs),
+                                   input_signature=ANY_IDS)
+    return tf.nest.map_structure(lambda t: t.numpy(), _TRACED[key](source_ids))
+
+
+def recomputed_log_probs(model, source_ids, result):
+    """sequence_log_probs of every returned hypothesis, [batch, beam]."""
+    batch, beam, width = result.ids.shape
+    log_probs = tf.function(lambda s, t: sequence_log_probs(model, s, t),
+                            input_signature=ANY_IDS * 2)(
+        np.repeat(source_ids, beam, axis=0), result.ids.reshape(batch * beam, width))
+    return log_probs.numpy().reshape(batch, beam)
+
+
+def exhaustive_beam_search(next_log_probs, source, beam_size, alpha, max_length, prefix=()):
+    """A plain beam search of one sentence that never stops early: live beams are
+    extended up to max_length (where only EOS is allowed), every finished hypothesis
+    is kept. next_log_probs: `next_log_probs_of(model)`. With a target prefix (cut to max_length - 1 tokens)
+    the search starts from BOS + prefix, scored by teacher forcing. Returns the best
+    beam_size (ids, score) pairs."""
+    prefix = tuple(prefix[:max_length - 1])
+    ids = (2,) + prefix
+    log_softmax = next_log_probs(np.array([ids], "int32"), source[None]).numpy()[0]
+    forced = sum(log_softmax[t, token] for t, token in enumerate(prefix))
+    live, finished = [(ids, forced)], []
+    for length in range(len(prefix) + 1, max_length + 1):
+        prefixes = np.array([ids for ids, _ in live], "int32")
+        log_softmax = next_log_probs(prefixes, np.repeat(source[None], len(live), 0))
+        log_softmax = log_softmax.numpy()[:, -1]
+        allowed = [EOS_ID] if length == max_length else [1] + list(range(EOS_ID, VOCAB))
+        candidates = sorted(((ids + (token,), log_prob + row[token])
+                             for (ids, log_prob), row in zip(live, log_softmax)
+                             for token in allowed), key=lambda c: -c[1])[:2 * beam_size]
+        finished += [(ids[1:], log_prob / ((5 + length) / 6) ** alpha)
+                     for ids, log_prob in candidates if ids[-1] == EOS_ID]
+        live = [(ids, log_prob) for ids, log_prob in candidates if ids[-1] != EOS_ID]
+        live = live[:beam_size]
+    return sorted(finished, key=lambda f: -f[1])[:beam_size]
+
+
+def next_log_probs_of(model):
+    """(prefixes with BOS [n, t], sources [n, s]) -> log-softmax [n, t, vocab] of the
+    token after each prefix position, by teacher forcing (`model.decode`)."""
+    return tf.function(lambda prefixes, sources: tf.nn.log_softmax(model((sources, prefixes))),
+                       input_signature=ANY_IDS * 2)
+
+
+# The training tests' data and trainers (test_training.py, test_validation.py,
+# test_moving_average.py).
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """The builtin corpus (seed 3: 2000 training and 50 validation pairs) through the
+    input pipeline, with a vocabulary of its own per test module."""
+    from trainer.config import DataConfig
+    from trainer.data import input_pipeline
+    from trainer.data.sources import BuiltinSource
+    source = BuiltinSource(seed=3, train_size=2000, eval_size=50)
+    return input_pipeline.build(source, str(tmp_path_factory.mktemp("vocab")),
+                                DataConfig(max_len=32, batch_tokens=512, seed=0))
+
+
+INITIAL_WEIGHTS = {}
+
+
+def make_trainer(data, tmp_path, name, **run):
+    """A trainer whose model starts from the same weights as every other one here."""
+    from trainer.config import RunConfig
+    from trainer.main_job import build_trainer
+    from trainer.training import distribute
+    config = TransformerConfig.tiny(vocab_size=data.tokenizers.target.vocab_size, dropout=0.0)
+    run = RunConfig(model_dir=str(tmp_path / name), warmup_steps=50,
+                    **{"precision": "float32", **run})
+    trainer = build_trainer(config, data, run, distribute.make_strategy(0))
+    weights = INITIAL_WEIGHTS.setdefault(config, trainer.model.get_weights())
+    trainer.model.set_weights(weights)
+    return trainer
+
+
+# The task tests' flags and model-directory readers (test_task.py, test_preemption.py,
+# test_training.py).
+
+# No validation (--eval_every=0): it would add a beam-search trace to every run.
+QUICK = ["--max_len=32", "--batch_tokens=512", "--eval_every=0", "--bleu_sentences=10",
+         "--export_dir=none", "--log_every=5", "--warmup_steps=50"]
+
+
+def summaries(model_dir, tag, sub="train"):
+    """{step: value} of a scalar summary written by the trainer."""
+    values = {}
+    directory = os.path.join(model_dir, sub)
+    for name in sorted(os.listdir(directory)):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(directory, name)):
+            for value in event.summary.value:
+                if value.tag == tag:
+                    values[event.step] = float(tf.make_ndarray(value.tensor))
+    return values
+
+
+def latest_step(model_dir):
+    latest = tf.train.latest_checkpoint(model_dir)
+    return int(latest.rsplit("-", 1)[1]) if latest else 0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,52 +8,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import (EOS_ID, Transformer, TransformerConfig, beam_search,
-                               greedy_search, length_penalty, sequence_log_probs)
+from conftest import (ANY_IDS, CONFIG, copy_batch, decode, exhaustive_beam_search,
+                      next_log_probs_of, recomputed_log_probs)
+from keras_transformer import (EOS_ID, Transformer, beam_search, greedy_search,
+                               length_penalty, sequence_log_probs)
 
-VOCAB = 16
-# A 23-token output limit keeps the loops short; each test names any other limit.
-CONFIG = dataclasses.replace(TransformerConfig.tiny(vocab_size=VOCAB), max_length=24,
-                             dropout=0.0)
-ANY_IDS = [tf.TensorSpec([None, None], tf.int32)]
 SEARCHES = {"beam": beam_search, "greedy": greedy_search}
 # One worker runs this file (pytest-xdist --dist loadgroup): its models are trained once.
 pytestmark = pytest.mark.xdist_group("decoding")
-
-
-def copy_batch(rng, batch, max_tokens=8):
-    """Copy task: source = target = tokens + EOS, 0-padded to max_tokens + 1."""
-    lengths = rng.integers(2, max_tokens + 1, size=batch)
-    tokens = rng.integers(4, VOCAB, size=(batch, max_tokens + 1)).astype("int32")
-    ids = np.where(np.arange(max_tokens + 1) < lengths[:, None], tokens, 0).astype("int32")
-    ids[np.arange(batch), lengths] = EOS_ID
-    return ids
-
-
-@pytest.fixture(scope="module")
-def copy_model():
-    """A model trained briefly on the copy task: it ends outputs with EOS, but is
-    unsure enough that beams differ (about 6 s on 2 CPU cores)."""
-    keras.utils.set_random_seed(0)
-    model = Transformer(CONFIG)
-    model.build()
-    optimizer = keras.optimizers.Adam(3e-3)
-
-    @tf.function
-    def train_step(ids):
-        target_input_ids = tf.concat([tf.fill([tf.shape(ids)[0], 1], 2), ids[:, :-1]], 1)
-        with tf.GradientTape() as tape:
-            logits = model((ids, target_input_ids), training=True)
-            losses = keras.losses.sparse_categorical_crossentropy(ids, logits, from_logits=True)
-            weights = tf.cast(ids != 0, tf.float32)
-            loss = tf.reduce_sum(losses * weights) / tf.reduce_sum(weights)
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                      model.trainable_variables))
-
-    rng = np.random.default_rng(0)
-    for _ in range(100):
-        train_step(copy_batch(rng, 64))
-    return model
 
 
 def random_model(config):
@@ -70,60 +32,33 @@ def random_model(config):
 
 
 @pytest.fixture(scope="module")
-def sources():
-    return copy_batch(np.random.default_rng(1), batch=6)
-
-
-_TRACED = {}
-
-
-def decode(search, model, source_ids, **kwargs):
-    """`search` in a tf.function with unknown batch and length, as an export runs it
-    (traced once per search, model and arguments: tracing dominates these tests)."""
-    key = (search, model, tuple(sorted(kwargs.items())))
-    if key not in _TRACED:
-        _TRACED[key] = tf.function(lambda ids: search(model, ids, **kwargs),
-                                   input_signature=ANY_IDS)
-    return tf.nest.map_structure(lambda t: t.numpy(), _TRACED[key](source_ids))
-
-
-@pytest.fixture(scope="module")
-def decoded(copy_model, sources):
-    """Results of each search with the paper's settings on `sources`, decoded once."""
-    return {"beam": decode(beam_search, copy_model, sources, beam_size=4, alpha=0.6),
-            "greedy": decode(greedy_search, copy_model, sources, alpha=0.6)}
-
-
-def recomputed_log_probs(model, source_ids, result):
-    """sequence_log_probs of every returned hypothesis, [batch, beam]."""
-    batch, beam, width = result.ids.shape
-    log_probs = tf.function(lambda s, t: sequence_log_probs(model, s, t),
-                            input_signature=ANY_IDS * 2)(
-        np.repeat(source_ids, beam, axis=0), result.ids.reshape(batch * beam, width))
-    return log_probs.numpy().reshape(batch, beam)
+def decoded(copy_model, copy_sources):
+    """Results of each search with the paper's settings on `copy_sources`, decoded once."""
+    return {"beam": decode(beam_search, copy_model, copy_sources, beam_size=4, alpha=0.6),
+            "greedy": decode(greedy_search, copy_model, copy_sources, alpha=0.6)}
 
 
 @pytest.mark.parametrize("search", SEARCHES)
-def test_cached_and_uncached_decoding_agree(copy_model, sources, decoded, search):
+def test_cached_and_uncached_decoding_agree(copy_model, copy_sources, decoded, search):
     cached = decoded[search]
-    uncached = decode(SEARCHES[search], copy_model, sources, use_cache=False)
+    uncached = decode(SEARCHES[search], copy_model, copy_sources, use_cache=False)
     np.testing.assert_array_equal(cached.ids, uncached.ids)
     np.testing.assert_allclose(cached.scores, uncached.scores, atol=1e-4)
     np.testing.assert_allclose(cached.log_probs, uncached.log_probs, atol=1e-4)
 
 
-def test_beam_size_one_without_length_penalty_is_greedy(copy_model, sources):
-    beam = decode(beam_search, copy_model, sources, beam_size=1, alpha=0.0)
-    greedy = decode(greedy_search, copy_model, sources, alpha=0.0)
+def test_beam_size_one_without_length_penalty_is_greedy(copy_model, copy_sources):
+    beam = decode(beam_search, copy_model, copy_sources, beam_size=1, alpha=0.0)
+    greedy = decode(greedy_search, copy_model, copy_sources, alpha=0.0)
     np.testing.assert_array_equal(beam.ids, greedy.ids)
     np.testing.assert_allclose(beam.scores, greedy.scores, atol=1e-5)
 
 
 @pytest.mark.parametrize("search", SEARCHES)
-def test_scores_are_log_probs_divided_by_the_length_penalty(copy_model, sources, decoded,
+def test_scores_are_log_probs_divided_by_the_length_penalty(copy_model, copy_sources, decoded,
                                                            search):
     result = decoded[search]  # alpha = 0.6
-    np.testing.assert_allclose(recomputed_log_probs(copy_model, sources, result),
+    np.testing.assert_allclose(recomputed_log_probs(copy_model, copy_sources, result),
                                result.log_probs, atol=1e-4)
     penalty = ((5.0 + result.lengths) / 6.0) ** 0.6
     np.testing.assert_allclose(result.scores, result.log_probs / penalty, rtol=1e-5)
@@ -150,11 +85,11 @@ def test_outputs_end_at_their_first_eos_then_padding(decoded, search):
         assert not np.isin(row[:length - 1], [0, 2, EOS_ID]).any(), "PAD, BOS or EOS inside"
 
 
-def test_copy_model_copies_the_source(sources, decoded):
+def test_copy_model_copies_the_source(copy_sources, decoded):
     # The best hypothesis of a model that learned to copy is mostly the source itself.
     result = decoded["beam"]
-    width = sources.shape[1]
-    assert np.mean(np.all(result.ids[:, 0, :width] == sources, axis=1)) >= 0.5
+    width = copy_sources.shape[1]
+    assert np.mean(np.all(result.ids[:, 0, :width] == copy_sources, axis=1)) >= 0.5
 
 
 @pytest.mark.parametrize("search", SEARCHES)
@@ -196,47 +131,14 @@ def test_beam_search_is_never_worse_than_greedy(copy_model, beam_size, alpha):
         assert np.any(beam.scores[:, 0] > greedy.scores[:, 0] + 1e-3), "the beam never helped"
 
 
-def exhaustive_beam_search(next_log_probs, source, beam_size, alpha, max_length, prefix=()):
-    """A plain beam search of one sentence that never stops early: live beams are
-    extended up to max_length (where only EOS is allowed), every finished hypothesis
-    is kept. next_log_probs: `next_log_probs_of(model)`. With a target prefix (cut to max_length - 1 tokens)
-    the search starts from BOS + prefix, scored by teacher forcing. Returns the best
-    beam_size (ids, score) pairs."""
-    prefix = tuple(prefix[:max_length - 1])
-    ids = (2,) + prefix
-    log_softmax = next_log_probs(np.array([ids], "int32"), source[None]).numpy()[0]
-    forced = sum(log_softmax[t, token] for t, token in enumerate(prefix))
-    live, finished = [(ids, forced)], []
-    for length in range(len(prefix) + 1, max_length + 1):
-        prefixes = np.array([ids for ids, _ in live], "int32")
-        log_softmax = next_log_probs(prefixes, np.repeat(source[None], len(live), 0))
-        log_softmax = log_softmax.numpy()[:, -1]
-        allowed = [EOS_ID] if length == max_length else [1] + list(range(EOS_ID, VOCAB))
-        candidates = sorted(((ids + (token,), log_prob + row[token])
-                             for (ids, log_prob), row in zip(live, log_softmax)
-                             for token in allowed), key=lambda c: -c[1])[:2 * beam_size]
-        finished += [(ids[1:], log_prob / ((5 + length) / 6) ** alpha)
-                     for ids, log_prob in candidates if ids[-1] == EOS_ID]
-        live = [(ids, log_prob) for ids, log_prob in candidates if ids[-1] != EOS_ID]
-        live = live[:beam_size]
-    return sorted(finished, key=lambda f: -f[1])[:beam_size]
-
-
-def next_log_probs_of(model):
-    """(prefixes with BOS [n, t], sources [n, s]) -> log-softmax [n, t, vocab] of the
-    token after each prefix position, by teacher forcing (`model.decode`)."""
-    return tf.function(lambda prefixes, sources: tf.nn.log_softmax(model((sources, prefixes))),
-                       input_signature=ANY_IDS * 2)
-
-
 # alpha = 3 favours long outputs so strongly that a live beam's bound must use the
 # penalty of the longest output, not of the current length.
 @pytest.mark.parametrize("alpha", [0.6, 3.0])
 def test_early_exit_returns_the_n_best_of_a_search_that_never_stops_early(copy_model,
-                                                                          sources, alpha):
-    result = decode(beam_search, copy_model, sources, beam_size=4, alpha=alpha)
+                                                                          copy_sources, alpha):
+    result = decode(beam_search, copy_model, copy_sources, beam_size=4, alpha=alpha)
     next_log_probs = next_log_probs_of(copy_model)
-    for source, ids, scores, lengths in zip(sources, result.ids, result.scores,
+    for source, ids, scores, lengths in zip(copy_sources, result.ids, result.scores,
                                             result.lengths):
         max_length = min(np.count_nonzero(source) + 50, CONFIG.max_length - 1)
         expected = exhaustive_beam_search(next_log_probs, source, 4, alpha, max_length)
@@ -253,31 +155,33 @@ class StepCountingTransformer(Transformer):
         return super().decode_step(*args)
 
 
-def test_search_stops_once_no_live_beam_can_improve_the_n_best(copy_model, sources, decoded):
+def test_search_stops_once_no_live_beam_can_improve_the_n_best(copy_model, copy_sources,
+                                                                decoded):
     model = StepCountingTransformer(CONFIG)
     model.build()
     model.set_weights(copy_model.get_weights())
     model.steps = tf.Variable(0)
-    result = decode(beam_search, model, sources)
+    result = decode(beam_search, model, copy_sources)
     np.testing.assert_array_equal(result.ids, decoded["beam"].ids)
     width = result.ids.shape[-1]
     assert result.lengths.max() <= model.steps.numpy() < width
 
 
-def test_one_exact_hypothesis_stops_sooner_with_the_same_best(copy_model, sources, decoded):
+def test_one_exact_hypothesis_stops_sooner_with_the_same_best(copy_model, copy_sources,
+                                                              decoded):
     model = StepCountingTransformer(CONFIG)
     model.build()
     model.set_weights(copy_model.get_weights())
     model.steps = tf.Variable(0)
-    decode(beam_search, model, sources)
+    decode(beam_search, model, copy_sources)
     all_exact = model.steps.numpy()
     model.steps.assign(0)
-    best_only = decode(beam_search, model, sources, num_hypotheses=1)
+    best_only = decode(beam_search, model, copy_sources, num_hypotheses=1)
     np.testing.assert_array_equal(best_only.ids[:, 0], decoded["beam"].ids[:, 0])
     np.testing.assert_allclose(best_only.scores[:, 0], decoded["beam"].scores[:, 0], atol=1e-5)
     assert model.steps.numpy() <= all_exact
     with pytest.raises(ValueError, match="num_hypotheses"):
-        beam_search(copy_model, sources, beam_size=2, num_hypotheses=3)
+        beam_search(copy_model, copy_sources, beam_size=2, num_hypotheses=3)
 
 
 @pytest.mark.parametrize("search", SEARCHES)
@@ -298,17 +202,18 @@ def test_an_all_padding_source_still_decodes(copy_model, search):
     assert np.all(last == EOS_ID)
 
 
-def test_sequence_log_probs_is_the_teacher_forced_log_likelihood(copy_model, sources):
+def test_sequence_log_probs_is_the_teacher_forced_log_likelihood(copy_model, copy_sources):
     targets = copy_batch(np.random.default_rng(3), batch=6)
     inputs = np.concatenate([np.full((6, 1), 2, "int32"), targets[:, :-1]], axis=1)
-    log_softmax = tf.nn.log_softmax(copy_model((sources, inputs), training=False)).numpy()
+    log_softmax = tf.nn.log_softmax(copy_model((copy_sources, inputs), training=False)).numpy()
     expected = [sum(log_softmax[b, t, targets[b, t]] for t in range(targets.shape[1])
                     if targets[b, t] != 0) for b in range(6)]
-    got = sequence_log_probs(copy_model, sources, targets).numpy()
+    got = sequence_log_probs(copy_model, copy_sources, targets).numpy()
     np.testing.assert_allclose(got, expected, atol=1e-4)
-    padded = sequence_log_probs(copy_model, sources, np.pad(targets, ((0, 0), (0, 5)))).numpy()
+    padded = sequence_log_probs(copy_model, copy_sources,
+                                np.pad(targets, ((0, 0), (0, 5)))).numpy()
     np.testing.assert_allclose(padded, got, atol=1e-5)
-    assert sequence_log_probs(copy_model, sources[:0], targets[:0]).shape == (0,)
+    assert sequence_log_probs(copy_model, copy_sources[:0], targets[:0]).shape == (0,)
 
 
 def test_one_trace_serves_any_batch_and_length(copy_model):
@@ -323,15 +228,15 @@ def test_one_trace_serves_any_batch_and_length(copy_model):
     assert function.experimental_get_tracing_count() == 1
 
 
-def test_mixed_bfloat16_keeps_float32_scores(copy_model, sources):
+def test_mixed_bfloat16_keeps_float32_scores(copy_model, copy_sources):
     model = Transformer(CONFIG, dtype="mixed_bfloat16")
     model.build()
     model.set_weights(copy_model.get_weights())
-    result = decode(beam_search, model, sources)
+    result = decode(beam_search, model, copy_sources)
     assert result.scores.dtype == result.log_probs.dtype == np.float32
     assert np.all(np.isfinite(result.scores))
     # bfloat16 activations: the cached steps and teacher forcing agree only roughly.
-    np.testing.assert_allclose(recomputed_log_probs(model, sources, result),
+    np.testing.assert_allclose(recomputed_log_probs(model, copy_sources, result),
                                result.log_probs, rtol=0.05, atol=0.05)
 
 

@@ -6,15 +6,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from conftest import (ANY_IDS, CONFIG, copy_batch, decode, exhaustive_beam_search,
+                      next_log_probs_of, recomputed_log_probs)
 from keras_transformer import (EOS_ID, beam_search, greedy_search, sample_search,
                                sequence_log_probs, sampling)
-from test_decoding import (ANY_IDS, CONFIG, VOCAB, copy_batch, copy_model, decode,  # noqa: F401
-                           exhaustive_beam_search, next_log_probs_of, recomputed_log_probs,
-                           sources)
 
 SETTINGS = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32),
             tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)]
-# Per source row of `sources`: none, one token, a prefix the copy model would not
+# Per source row of `copy_sources`: none, one token, a prefix the copy model would not
 # choose (tokens of another source), and one longer than any output may be.
 PREFIXES = [[], [7], [9, 9, 4], [5, 6], list(range(4, 16)) * 3, [12]]
 # One worker runs this file (pytest-xdist --dist loadgroup): its models are trained once.
@@ -36,32 +35,32 @@ def decode_with_prefix(search, model, source_ids, prefix_rows, **kwargs):
 
 
 def test_one_trace_takes_the_settings_as_tensors_and_gives_what_python_settings_give(
-        copy_model, sources):
+        copy_model, copy_sources):
     function = tf.function(
         lambda ids, beam, alpha, extra, n: beam_search(copy_model, ids, beam_size=beam,
                                                        alpha=alpha, extra_length=extra,
                                                        num_hypotheses=n),
         input_signature=ANY_IDS + SETTINGS)
     for beam, alpha, extra, n in [(1, 0.0, 50, 1), (4, 0.6, 50, 4), (3, 1.0, 2, 2)]:
-        got = function(sources, beam, alpha, extra, n)
-        expected = decode(beam_search, copy_model, sources, beam_size=beam, alpha=alpha,
+        got = function(copy_sources, beam, alpha, extra, n)
+        expected = decode(beam_search, copy_model, copy_sources, beam_size=beam, alpha=alpha,
                           extra_length=extra, num_hypotheses=n)
         np.testing.assert_array_equal(got.ids, expected.ids)
         np.testing.assert_allclose(got.scores, expected.scores, atol=1e-5)
         assert got.ids.shape[1] == beam
     assert function.experimental_get_tracing_count() == 1
     # extra_length 2: outputs of at most (source tokens + 2) tokens.
-    lengths = function(sources, 3, 1.0, 2, 2).lengths.numpy()
-    assert np.all(lengths <= np.count_nonzero(sources, axis=1)[:, None] + 2)
+    lengths = function(copy_sources, 3, 1.0, 2, 2).lengths.numpy()
+    assert np.all(lengths <= np.count_nonzero(copy_sources, axis=1)[:, None] + 2)
 
 
 @pytest.mark.parametrize("alpha", [0.6, 0.0])
 def test_a_prefix_starts_every_hypothesis_and_the_search_goes_on_as_from_teacher_forcing(
-        copy_model, sources, alpha):
-    result = decode_with_prefix(beam_search, copy_model, sources, PREFIXES, beam_size=4,
+        copy_model, copy_sources, alpha):
+    result = decode_with_prefix(beam_search, copy_model, copy_sources, PREFIXES, beam_size=4,
                                 alpha=alpha)
     next_log_probs = next_log_probs_of(copy_model)
-    for source, prefix, ids, scores, lengths in zip(sources, PREFIXES, result.ids,
+    for source, prefix, ids, scores, lengths in zip(copy_sources, PREFIXES, result.ids,
                                                     result.scores, result.lengths):
         max_length = min(np.count_nonzero(source) + 50, CONFIG.max_length - 1)
         expected = exhaustive_beam_search(next_log_probs, source, 4, alpha, max_length,
@@ -75,33 +74,33 @@ def test_a_prefix_starts_every_hypothesis_and_the_search_goes_on_as_from_teacher
         assert all(list(hypothesis[:len(kept)]) == kept for hypothesis in got)
     # The prefix's own log-probabilities are part of every hypothesis' log-prob.
     found = np.isfinite(result.log_probs)
-    np.testing.assert_allclose(recomputed_log_probs(copy_model, sources, result)[found],
+    np.testing.assert_allclose(recomputed_log_probs(copy_model, copy_sources, result)[found],
                                result.log_probs[found], atol=1e-4)
     assert result.lengths[4, 0] == CONFIG.max_length - 1  # the cut prefix, then EOS
 
 
 @pytest.mark.parametrize("search", ["greedy", "sample"])
-def test_greedy_and_sampled_outputs_start_with_the_prefix_and_score_it(copy_model, sources,
-                                                                       search):
+def test_greedy_and_sampled_outputs_start_with_the_prefix_and_score_it(copy_model,
+                                                                       copy_sources, search):
     if search == "greedy":
-        result = decode_with_prefix(greedy_search, copy_model, sources, PREFIXES)
+        result = decode_with_prefix(greedy_search, copy_model, copy_sources, PREFIXES)
     else:
-        result = decode_with_prefix(sample_search, copy_model, sources, PREFIXES, seed=3,
+        result = decode_with_prefix(sample_search, copy_model, copy_sources, PREFIXES, seed=3,
                                     num_samples=2, temperature=2.0)
     for row, rows in zip(PREFIXES, result.ids):
         kept = row[:CONFIG.max_length - 2]
         assert all(list(ids[:len(kept)]) == kept for ids in rows)
-    np.testing.assert_allclose(recomputed_log_probs(copy_model, sources, result),
+    np.testing.assert_allclose(recomputed_log_probs(copy_model, copy_sources, result),
                                result.log_probs, atol=1e-4)
 
 
-def test_top_k_1_and_temperature_0_sample_the_greedy_output(copy_model, sources):
-    greedy = decode(greedy_search, copy_model, sources)
+def test_top_k_1_and_temperature_0_sample_the_greedy_output(copy_model, copy_sources):
+    greedy = decode(greedy_search, copy_model, copy_sources)
     for seed, settings in [(0, dict(top_k=1)), (1, dict(top_k=1, temperature=5.0)),
                            (2, dict(temperature=0.0))]:
-        sampled = decode(sample_search, copy_model, sources, seed=seed, num_samples=3,
+        sampled = decode(sample_search, copy_model, copy_sources, seed=seed, num_samples=3,
                          **settings)
-        assert sampled.ids.shape[:2] == (len(sources), 3)
+        assert sampled.ids.shape[:2] == (len(copy_sources), 3)
         for k in range(3):
             np.testing.assert_array_equal(sampled.ids[:, k], greedy.ids[:, 0])
             np.testing.assert_allclose(sampled.log_probs[:, k], greedy.log_probs[:, 0],
@@ -204,13 +203,14 @@ def test_nucleus_keeps_the_sets_a_full_sort_gives(rows, top_k, top_p):
         assert kept.all(), "1 keeps every token, however small its probability"
 
 
-def test_sampled_log_probs_are_the_models_at_temperature_1(copy_model, sources):
-    result = decode(sample_search, copy_model, sources, seed=4, num_samples=2, temperature=2.0)
-    np.testing.assert_allclose(recomputed_log_probs(copy_model, sources, result),
+def test_sampled_log_probs_are_the_models_at_temperature_1(copy_model, copy_sources):
+    result = decode(sample_search, copy_model, copy_sources, seed=4, num_samples=2,
+                    temperature=2.0)
+    np.testing.assert_allclose(recomputed_log_probs(copy_model, copy_sources, result),
                                result.log_probs, atol=1e-4)
     np.testing.assert_allclose(
         result.log_probs, sequence_log_probs(
-            copy_model, np.repeat(sources, 2, 0),
+            copy_model, np.repeat(copy_sources, 2, 0),
             result.ids.reshape(-1, result.ids.shape[-1])).numpy().reshape(-1, 2), atol=1e-4)
 
 

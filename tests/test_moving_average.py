@@ -9,20 +9,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO
-from test_training import data, make_trainer  # noqa: F401  (data is a fixture)
-from trainer.training.moving_average import decay_at
+from conftest import REPO, make_trainer
+from trainer.model_dir.ema import decay_at
 from trainer.training.validation import Validator
 
 
-def test_the_moving_average_follows_its_definition_update_by_update(data, tmp_path):  # noqa: F811
+def test_the_moving_average_follows_its_definition_update_by_update(data, tmp_path):
     trainer = make_trainer(data, tmp_path, "ema", ema_decay=0.9)
     trainer.restore()
     averages = trainer.checkpointer.moving_average.averages
     expected = [a.numpy().astype(np.float64) for a in averages]
     for step in range(1, 5):
-        trainer.accumulate(trainer.stream.next())
-        trainer.apply()
+        trainer.update.accumulate(trainer.stream.next())
+        trainer.update.apply()
         d = min(0.9, (1 + step) / (10 + step))
         assert float(decay_at(0.9, step)) == pytest.approx(d)
         weights = [w.numpy() for w in trainer.model.trainable_variables]
@@ -33,12 +32,12 @@ def test_the_moving_average_follows_its_definition_update_by_update(data, tmp_pa
     assert max(np.abs(a.numpy() - w).max() for a, w in zip(averages, weights)) > 1e-4
 
 
-def test_the_moving_average_is_in_the_checkpoint_and_survives_a_resume(data, tmp_path):  # noqa: F811
+def test_the_moving_average_is_in_the_checkpoint_and_survives_a_resume(data, tmp_path):
     trainer = make_trainer(data, tmp_path, "resumed", ema_decay=0.99)
     trainer.restore()
     for _ in range(3):
-        trainer.accumulate(trainer.stream.next())
-        trainer.apply()
+        trainer.update.accumulate(trainer.stream.next())
+        trainer.update.apply()
     trainer.checkpointer.save(3)
     saved = [a.numpy() for a in trainer.checkpointer.moving_average.averages]
 
@@ -50,12 +49,12 @@ def test_the_moving_average_is_in_the_checkpoint_and_survives_a_resume(data, tmp
     assert make_trainer(data, tmp_path, "resumed").restore() == 3
 
 
-def test_validation_scores_the_moving_average_when_the_export_ships_it(data, tmp_path):  # noqa: F811
+def test_validation_scores_the_moving_average_when_the_export_ships_it(data, tmp_path):
     trainer = make_trainer(data, tmp_path, "validated", ema_decay=0.9, export_weights="ema")
     trainer.restore()
     for _ in range(3):
-        trainer.accumulate(trainer.stream.next())
-        trainer.apply()
+        trainer.update.accumulate(trainer.stream.next())
+        trainer.update.apply()
     variables = trainer.model.trainable_variables
     live = [v.numpy() for v in variables]
     trainer.validator = Validator(trainer.model, data, str(tmp_path / "validated"),

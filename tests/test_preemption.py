@@ -12,8 +12,7 @@ import time
 
 import pytest
 
-from conftest import REPO
-from test_task import QUICK, free_port, latest_step, summaries
+from conftest import QUICK, REPO, free_port, latest_step, summaries
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +75,7 @@ def check_preempted(model_dir, seconds, outputs, processes):
 
 
 # The stream an uninterrupted run sees, from the pipeline itself in a fresh process: per
-# step, the target tokens of the batches every replica takes (trainer.training.run seeds
+# step, the target tokens of the batches every replica takes (trainer.main_job seeds
 # before building the data, as here).
 UNINTERRUPTED = """
 import json, sys, keras, tensorflow as tf

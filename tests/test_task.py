@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -11,37 +10,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import MULTI30K, REPO
+from conftest import MULTI30K, QUICK, REPO, latest_step
 
 # Each test runs the programs in subprocesses, or uses the model they trained.
 pytestmark = pytest.mark.slow
-
-# No validation (--eval_every=0): it would add a beam-search trace to every run.
-QUICK = ["--max_len=32", "--batch_tokens=512", "--eval_every=0", "--bleu_sentences=10",
-         "--export_dir=none", "--log_every=5", "--warmup_steps=50"]
 
 
 def task(*flags, env=None, timeout=600, **kwargs):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     return subprocess.run([sys.executable, "-m", "trainer.task", *flags], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout, **kwargs)
-
-
-def summaries(model_dir, tag, sub="train"):
-    """{step: value} of a scalar summary written by the trainer."""
-    values = {}
-    directory = os.path.join(model_dir, sub)
-    for name in sorted(os.listdir(directory)):
-        for event in tf.compat.v1.train.summary_iterator(os.path.join(directory, name)):
-            for value in event.summary.value:
-                if value.tag == tag:
-                    values[event.step] = float(tf.make_ndarray(value.tensor))
-    return values
-
-
-def latest_step(model_dir):
-    latest = tf.train.latest_checkpoint(model_dir)
-    return int(latest.rsplit("-", 1)[1]) if latest else 0
 
 
 def test_kill_9_mid_training_then_the_same_command_resumes(tmp_path):
@@ -142,12 +120,6 @@ def test_bad_flags_give_a_one_line_error_before_any_work(tmp_path, flags, expect
     assert len(lines) == 1 and lines[0].startswith("trainer.task: error: "), result.stderr
     assert expected in lines[0]
     assert not model_dir.exists(), "no work may happen before the error"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def test_the_time_budget_stops_training_with_a_checkpoint_before_train_steps(tmp_path):

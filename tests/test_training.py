@@ -6,15 +6,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import (LabelSmoothedCrossEntropy, Transformer, TransformerConfig,
-                               WarmupSchedule, label_smoothed_cross_entropy)
-from trainer.config import PRECISIONS, DataConfig, RunConfig
-from trainer.data import input_pipeline, sources
-from trainer.training import distribute
+from conftest import INITIAL_WEIGHTS, make_trainer, summaries
+from keras_transformer import (LabelSmoothedCrossEntropy, Transformer, WarmupSchedule,
+                               label_smoothed_cross_entropy)
+from trainer.config import PRECISIONS
 from trainer.training.cooldown import cooldown_factor
-from trainer.training.run import build_trainer
-
-from test_task import summaries
 
 
 def paper_lrate(step, d_model=512, warmup=4000):
@@ -51,27 +47,6 @@ def test_smoothed_loss_equals_a_hand_computation():
     assert float(loss_sum) == pytest.approx(expected, rel=1e-6)
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    source = sources.BuiltinSource(seed=3, train_size=2000, eval_size=50)
-    return input_pipeline.build(source, str(tmp_path_factory.mktemp("vocab")),
-                                DataConfig(max_len=32, batch_tokens=512, seed=0))
-
-
-INITIAL_WEIGHTS = {}
-
-
-def make_trainer(data, tmp_path, name, **run):
-    """A trainer whose model starts from the same weights as every other one here."""
-    config = TransformerConfig.tiny(vocab_size=data.tokenizers.target.vocab_size, dropout=0.0)
-    run = RunConfig(model_dir=str(tmp_path / name), warmup_steps=50,
-                    **{"precision": "float32", **run})
-    trainer = build_trainer(config, data, run, distribute.make_strategy(0))
-    weights = INITIAL_WEIGHTS.setdefault(config, trainer.model.get_weights())
-    trainer.model.set_weights(weights)
-    return trainer
-
-
 def distributed(trainer, *batches):
     dataset = tf.data.Dataset.from_tensors(batches[0])
     for batch in batches[1:]:
@@ -89,20 +64,20 @@ def test_two_accumulated_batches_give_the_update_of_one_double_batch(data, tmp_p
 
     accumulated = make_trainer(data, tmp_path, "accumulated", accum_steps=2)
     iterator = distributed(accumulated, first, second)
-    accumulated.accumulate(next(iterator))
-    accumulated.accumulate(next(iterator))
+    accumulated.update.accumulate(next(iterator))
+    accumulated.update.accumulate(next(iterator))
     single = make_trainer(data, tmp_path, "single")
-    single.accumulate(next(distributed(single, double)))
+    single.update.accumulate(next(distributed(single, double)))
 
     # The gradient each update sees: accumulated sums over all target tokens of the step.
     def gradient(trainer):
-        tokens = trainer.totals.target_tokens.numpy()
-        return [g.numpy() / tokens for g in trainer.gradient_sums]
+        tokens = trainer.update.totals.target_tokens.numpy()
+        return [g.numpy() / tokens for g in trainer.update.gradient_sums]
 
     gradients = gradient(single)
     for a, b in zip(gradient(accumulated), gradients):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
-    stats_a, stats_b = accumulated.apply(), single.apply()
+    stats_a, stats_b = accumulated.update.apply(), single.update.apply()
     for key in ("loss", "gradient_norm", "target_tokens"):
         assert float(getattr(stats_a, key)) == pytest.approx(float(getattr(stats_b, key)),
                                                              rel=1e-5), key
@@ -127,8 +102,8 @@ def test_the_learning_rate_factor_scales_adams_step_and_the_reported_rate(data, 
     moved, rates = {}, {}
     for factor in (1.0, 0.25, 0.0):
         trainer = make_trainer(data, tmp_path, f"factor_{factor}")
-        trainer.accumulate(next(distributed(trainer, batch)))
-        rates[factor] = float(trainer.apply(factor).learning_rate)
+        trainer.update.accumulate(next(distributed(trainer, batch)))
+        rates[factor] = float(trainer.update.apply(factor).learning_rate)
         moved[factor] = [a - b for a, b in zip(trainer.model.get_weights(), before)]
     schedule = WarmupSchedule(trainer.model.config.d_model, 50)
     assert rates[1.0] == pytest.approx(float(schedule(0)), rel=1e-6)
@@ -181,8 +156,8 @@ def train_steps(trainer, steps):
     trainer.restore()
     losses = []
     for _ in range(steps):
-        trainer.accumulate(trainer.stream.next())
-        losses.append(float(trainer.apply().loss))
+        trainer.update.accumulate(trainer.stream.next())
+        losses.append(float(trainer.update.apply().loss))
     return losses
 
 
@@ -191,8 +166,8 @@ def test_keras_fit_with_the_paper_loss_trains_and_reports_the_trainers_loss(data
     LabelSmoothedCrossEntropy, fit on ((source_ids, target_input_ids), target_output_ids)."""
     batch = next(iter(data.eval_dataset()))
     trainer = make_trainer(data, tmp_path, "for_fit")
-    trainer.accumulate(next(distributed(trainer, batch)))
-    trainer_loss = float(trainer.apply().loss)
+    trainer.update.accumulate(next(distributed(trainer, batch)))
+    trainer_loss = float(trainer.update.apply().loss)
 
     config = trainer.model.config
     model = Transformer(config)

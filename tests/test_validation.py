@@ -3,13 +3,13 @@ split, token-weighted over every batch, whatever the batches' shapes."""
 
 import numpy as np
 
+from conftest import make_trainer
 from keras_transformer import PAD_ID
-from test_training import data, make_trainer  # noqa: F401  (data is a fixture)
 from trainer.training.validation import Validator
 
 
 def test_validation_loss_and_accuracy_are_the_token_weighted_ones_of_every_batch(
-        data, tmp_path):  # noqa: F811
+        data, tmp_path):
     trainer = make_trainer(data, tmp_path, "validated")
     model = trainer.model
     validator = Validator(model, data, str(tmp_path / "validated"), bleu_sentences=None)
