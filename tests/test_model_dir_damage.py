@@ -71,14 +71,14 @@ def test_a_newest_checkpoint_cut_short_is_passed_over_with_one_warning(model_dir
     assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-20")
 
 
-@pytest.mark.parametrize("damaged", ["config.json", "spm.model"])
+@pytest.mark.parametrize("damaged, other", [("config.json", "export"),
+                                            ("spm.model", "average")])
 def test_a_half_written_config_or_vocabulary_is_one_line_naming_it(model_dir, tmp_path,
-                                                                   damaged):
+                                                                   damaged, other):
     cut_short(model_dir / damaged)
-    for name, flags, cwd in [
-            ("export", [f"--export_dir={tmp_path / 'export'}"], tmp_path),
-            ("average", ["--last=2"], tmp_path),
-            ("task", [*EXPORTED_RUN, "--train_steps=40"], REPO)]:
+    flags = {"export": [f"--export_dir={tmp_path / 'export'}"], "average": ["--last=2"]}
+    for name, flags, cwd in [(other, flags[other], tmp_path),
+                             ("task", [*EXPORTED_RUN, "--train_steps=40"], REPO)]:
         line = one_error_line(program(name, *flags, f"--model_dir={model_dir}", cwd=cwd), name)
         assert f"{model_dir}/{damaged}" in line, line
     assert not (tmp_path / "export").exists()
