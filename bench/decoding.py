@@ -1,261 +1,374 @@
-"""Benchmark: beam-search translation speed on this CPU (paper section 6.1 settings).
+"""Benchmark: how fast does this project decode, against CTranslate2 and keras-hub?
 
-Measures, on Multi30k test2016 English sources (or --src):
+Each table is asked for by a flag, and one call can ask for both. Every table decodes
+Multi30k test2016 (--src, --ref) with the search the SavedModel (--saved_model) was exported
+with: its beam size, length penalty alpha and extra output length, from its export.json
+(keras_transformer.DecodeConfig's, the paper's, for an export without one).
 
-  1. the exported SavedModel's serving_default signature (beam 4, alpha 0.6: text in,
-     text out, tokenization included), in length-sorted batches as trainer.translate
-     sends them: sentences/s and target tokens/s (output subwords + EOS); beside it, in
-     alternate rounds (best of --repeats each), translate_with_options given the same
-     settings as request inputs (beam_size 4, alpha 0.6, max_extra_length 50, one
-     hypothesis, no prefix), whether its outputs are identical, and its greedy
-     (beam_size 1) and sampling (unrestricted, top_k 10, top_p 0.9) requests; with
-     --previous_saved_model, that export's sampling requests too, in the same rounds;
-  2. with --model_dir: on the first --uncached_sentences sentences, the SavedModel again
-     and the same translation in-process with the key/value cache and without it (every
-     step recomputes the decoder over the whole prefix);
-  3. with --model_dir: how decoding time grows with output length: greedy steps forced
-     to L tokens (no early stop) for a batch of sources x beam rows, cached vs uncached.
-     Cached steps cost O(L) attention each; uncached steps redo the whole prefix, O(L^2).
+--ctranslate2=CT2_DIR: our SavedModel against CTranslate2, on the same weights, sentences and
+threads, each system in its own process (CTranslate2's without TensorFlow):
+  - throughput (sentences/s, best of --repeats, 2 threads: TensorFlow's intra- and inter-op
+    pools, CTranslate2's intra_threads) in file order and sorted by length, text in and text
+    out: our `serving_default` (tokenization in the graph) and CTranslate2's
+    `translate_batch` with SentencePiece encoding and decoding in Python around it;
+  - single-sentence latency, p50 and p95 over the first --latency_sentences sentences sent
+    one request at a time, in file order and sorted by length, with 2 threads and with 1;
+  - sacreBLEU and chrF of each system's translations against the references;
+  - the same single-sentence latency with two systems taking turns (--turns): our fastest
+    setup (the bfloat16 export if given, with the --env variables) and CTranslate2 float32,
+    both loaded at once, send the same sentence one after the other, the first to go
+    alternating, with --turn_pause (250 ms) between requests: CTranslate2's OpenMP threads
+    (Intel OpenMP's default KMP_BLOCKTIME is 200 ms) and TensorFlow's pool keep spinning
+    after a call, so with 20 ms between requests each engine's spinning threads steal the
+    next request's cores. A virtual machine's speed drifts by a third within minutes,
+    which decides the ratio of two rows timed minutes apart; taking turns, both see the
+    same minutes.
+  Rows: each SavedModel given (--saved_model float32, --saved_model_bfloat16 from
+  `python -m trainer.export --serving_dtype=bfloat16`, --previous_saved_model: the same
+  checkpoints exported by earlier code, a before/after in one run; --xla: the translate_xla
+  signature of both exports, exported with --xla, its single-sentence shapes warmed up
+  before timing) and the CTranslate2 model directory of the same checkpoints (`python -m
+  trainer.export --format=ctranslate2 --quantization=float32`) loaded with compute_type
+  float32, int8 and bfloat16 (where the CPU has it). With --env NAME=VALUE (repeatable),
+  each serving_default row runs a second time with those variables set in its process
+  (e.g. TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1), and the table counts the translations identical
+  to the row without them. CTranslate2 uses its length penalty (log-prob / length^alpha,
+  ours ((5 + length) / 6)^alpha), suppresses <pad> and <s> (never in our outputs) and may
+  stop at the model's positions - 1 tokens (ours: source + the extra length, at most that).
+  About 15 minutes (20 with --xla --env), of which the pauses between turns take 3.
 
-Speed depends on output lengths: a model that stops early (or never stops) decodes
-fewer (more) steps, so measure a model trained on the same data as --src. Not a test:
-run it by hand and copy the table into the README, e.g.
+--peers --model_dir=DIR: beam-search speed (float32) against keras-hub's BeamSampler and our
+search without its key/value cache, in one process, on the first --sentences sentences (256
+by default) in the same length-sorted batches of token ids and the same weights (the
+export's: DIR is its model directory):
+  ours, SavedModel         translate_ids (ids in, best hypothesis out) and serving_default
+                           (text in and out);
+  ours, in-process         keras_transformer.beam_search in a tf.function, with the cache
+                           and (--uncached_batches) without it: every step reruns the decoder
+                           over the whole prefix;
+  keras-hub BeamSampler    on a model of keras-hub layers holding our weights
+                           (bench/peers/keras_hub_transformer.py: cached the way
+                           BartSeq2SeqLM.generate_step does), in a tf.function and XLA-
+                           compiled (keras-hub's default for generate(); --no-keras_hub_xla
+                           skips it).
+  The searches differ, so they run different numbers of steps: ours keeps finished
+  hypotheses aside and stops once no live beam can beat them; BeamSampler has no length
+  penalty and no finished set and stops when every beam of every sentence holds an EOS. The
+  table reports the beam steps each ran (ours counted in the in-process runs, which decode
+  what the SavedModel decodes; BeamSampler's: the last first-EOS among all final beams), so
+  ms per step compares one step's cost, and how many best outputs agree with ours. Each
+  implementation decodes the first batch untimed (tracing; XLA: every batch, one compile
+  per shape), then every batch once timed, taking turns batch by batch. About 7 minutes;
+  needs keras-hub (bench/peers/__init__.py says how to install it).
 
-  python -m trainer.task --config=small --train_src=../shared/data/multi30k/train.en.gz \\
-      --train_tgt=../shared/data/multi30k/train.de.gz --eval_src=../shared/data/multi30k/val.en \\
-      --eval_tgt=../shared/data/multi30k/val.de --model_dir=/tmp/m30k_small \\
-      --export_dir=/tmp/m30k_export
-  python bench/decoding.py --saved_model=/tmp/m30k_export --model_dir=/tmp/m30k_small
+The studies of our own search's settings are sweeps: bench/sweeps/decoding_options.py (what
+translate_with_options and sample cost against serving_default) and
+bench/sweeps/decoding_cache.py (what the key/value cache buys, by output length).
+
+Speed depends on output lengths: a model that stops early (or never) decodes fewer (more)
+steps, so measure a model trained on --src's data. Not a test: run it by hand from the
+repository root, e.g.
+
+  python bench/decoding.py --saved_model=EXPORT/1 --saved_model_bfloat16=EXPORT_BF16/1 \\
+      --ctranslate2=CT2_DIR --env=TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1
+  python bench/decoding.py --saved_model=EXPORT --peers --model_dir=runs/small_multi30k
+
+TensorFlow is imported inside the functions that use it: the CTranslate2 workers (this
+script again, with --worker; their code is bench/peers/decoding_workers.py) run without it.
 """
 
 import argparse
+import json
 import os
-import platform
-import shlex
+import statistics
+import subprocess
 import sys
-import time
+from typing import List, NamedTuple
 
-import keras
-import sentencepiece
-import tensorflow as tf
-import tensorflow_text
+import common
+from peers import decoding_runners
+from peers.decoding_workers import LATENCY_THREADS, PREVIOUS, XLA, percentiles, taking_turns
+from peers.decoding_workers import worker as run_worker
 
-from keras_transformer import BOS_ID, padding_mask
-from trainer.serving import saved_model
-from trainer.serving.client import translate_texts
-
-import machine
-from machine import MULTI30K
+PEER_SENTENCES = 256  # --peers' default --sentences: keras-hub's tf.function row is slow
 
 
-def timed_translation(translate, texts, batch_size, **options):
-    """(translations, seconds) after one warm-up batch (tracing, thread pools); options:
-    the options signatures' scalar inputs (every text gets the empty target prefix), the
-    first hypothesis kept."""
-    prefixes = {"target_prefixes": [""] * len(texts)} if options else {}
-    warmup = {"target_prefixes": prefixes["target_prefixes"][:batch_size]} if options else {}
-    translate_texts(translate, texts[:batch_size], batch_size, **warmup, **options)
-    start = time.perf_counter()
-    translations = translate_texts(translate, texts, batch_size, **prefixes, **options)
-    seconds = time.perf_counter() - start
-    return [t[0] if isinstance(t, list) else t for t in translations], seconds
+# ---------------------------------------------------------------- against CTranslate2
+# Each system at one thread count runs in a process of its own (this script with --worker,
+# bench/peers/decoding_workers.py): its own thread pools, and no TensorFlow beside
+# CTranslate2.
 
 
-# translate_with_options and sample requests, beside serving_default (beam 4, alpha 0.6).
-REQUESTS = {
-    "translate_with_options, beam 4": ("translate_with_options", dict(
-        beam_size=tf.constant(4), alpha=tf.constant(0.6), max_extra_length=tf.constant(50),
-        num_hypotheses=tf.constant(1))),
-    "translate_with_options, beam 1 (greedy)": ("translate_with_options", dict(
-        beam_size=tf.constant(1), alpha=tf.constant(0.0), max_extra_length=tf.constant(50),
-        num_hypotheses=tf.constant(1))),
-    **{f"sample, {name}": ("sample", dict(
-        num_hypotheses=tf.constant(1), max_extra_length=tf.constant(50),
-        temperature=tf.constant(1.0), top_k=tf.constant(top_k), top_p=tf.constant(top_p),
-        seed=tf.constant(0, tf.int64)))
-       for name, top_k, top_p in (("unrestricted", 0, 1.0), ("top_k 10", 10, 1.0),
-                                  ("top_p 0.9", 0, 0.9))},
-}
+def ctranslate2_search(export: common.Export) -> dict:
+    """What CTranslate2 is given: the export's beam and alpha, and the longest output its
+    model's positions allow."""
+    if "model" not in export.info:
+        sys.exit(f"{export.version_dir} has no export.json saying its model; export it "
+                 "again with python -m trainer.export")
+    return {"beam_size": export.decode.beam_size, "alpha": export.decode.alpha,
+            "max_length": export.info["model"]["max_length"] - 1}
 
 
-def signature_rows(loaded, texts, batch_size, repeats, processor, previous=None):
-    """Table rows (name, sentences, best seconds, target tokens) of serving_default and the
-    REQUESTS, timed in alternate rounds; whether translate_with_options at beam 4 gave
-    serving_default's translations; and, for `previous` (another loaded export, whose
-    sample REQUESTS join the rounds), how many of each request's translations are this
-    export's."""
-    runs = {"SavedModel serving_default, beam 4": (loaded.signatures["serving_default"], {})}
-    twins = {}  # a previous export's run -> this export's
-    for name, (signature, options) in REQUESTS.items():
-        if signature in loaded.signatures:
-            runs[f"SavedModel {name}"] = (loaded.signatures[signature], options)
-        if previous is not None and signature == "sample" and signature in previous.signatures:
-            runs[f"previous export's {name}"] = (previous.signatures[signature], options)
-            twins[f"previous export's {name}"] = f"SavedModel {name}"
-    best, outputs = {}, {}
-    for _ in range(repeats):
-        for name, (translate, options) in runs.items():
-            outputs[name], seconds = timed_translation(translate, texts, batch_size, **options)
-            best[name] = min(best.get(name, float("inf")), seconds)
-    rows = [(name, len(texts), best[name], target_tokens(processor, outputs[name]))
-            for name in runs]
-    names = list(runs)
-    same = len(names) > 1 and outputs[names[0]] == outputs[names[1]]
-    agreeing = {name: sum(a == b for a, b in zip(outputs[name], outputs[ours]))
-                for name, ours in twins.items()}
-    return rows, same, agreeing
+def worker_command(args, engine: str, precision: str, threads: int, search: dict, serve=False):
+    return [sys.executable, __file__, *sys.argv[1:], *(["--serve"] if serve else []),
+            f"--ctranslate2_search={json.dumps(search)}",
+            f"--worker={engine}:{precision}:{threads}"]
 
 
-def target_tokens(processor, translations) -> int:
-    """Output subwords + EOS, as the decoder produced them (re-tokenized output)."""
-    return sum(len(processor.encode(t)) + 1 for t in translations)
+def ctranslate2_systems(args):
+    """[(system, engine, precision, environment, row label)], in the order they run."""
+    exports = ["float32"] + (["bfloat16"] if args.saved_model_bfloat16 else [])
+    ours = exports + ([PREVIOUS] if args.previous_saved_model else []) + (
+        [XLA[p] for p in exports] if args.xla else [])
+    systems = [("this project, SavedModel", "saved_model", p, {}, p) for p in ours]
+    if args.env:  # serving_default's rows again, in that environment
+        systems += [("this project, SavedModel", "saved_model", p, dict(args.env),
+                     serving_label(args, p)) for p in exports]
+    return systems + [("CTranslate2", "ctranslate2", c, {}, c)
+                      for c in ("float32", "int8", "bfloat16")]
 
 
-def forced_decode(model, source_ids, length, use_cache):
-    """Greedy decoding of exactly `length` steps (EOS does not stop it); returns the
-    tokens [rows, length]. The decoder alone: the encoder runs once outside the timing."""
-    encoder_output = model.encode(source_ids, training=False)
-    rows = tf.shape(source_ids)[0]
-    seqs = tf.fill(tf.stack([rows, 1]), BOS_ID)
-    if use_cache:
-        weights, source_mask = model.step_weights(length), padding_mask(source_ids)
-
-        def step(i, seqs, cache):
-            logits, cache = model.decode_step(seqs[:, -1], i, cache, source_mask, weights)
-            next_ids = tf.argmax(logits, axis=-1, output_type=tf.int32)
-            return i + 1, tf.concat([seqs, next_ids[:, None]], axis=1), cache
-
-        # The sequences and the cache grow by one position per step.
-        cache = model.initial_cache(encoder_output)
-        loop_vars = (tf.constant(0), seqs, cache)
-        invariants = (tf.TensorShape([]), tf.TensorShape([None, None]), tf.nest.map_structure(
-            lambda t: tf.TensorShape([None, None, None, t.shape[-1]]), cache))
-        _, seqs, _ = tf.while_loop(lambda i, *_: i < length, step, loop_vars,
-                                   shape_invariants=invariants)
-    else:
-        for _ in tf.range(length):
-            tf.autograph.experimental.set_loop_options(
-                shape_invariants=[(seqs, tf.TensorShape([None, None]))])
-            logits = model.decode(seqs, encoder_output, source_ids, training=False)
-            next_ids = tf.argmax(logits[:, -1], axis=-1, output_type=tf.int32)
-            seqs = tf.concat([seqs, next_ids[:, None]], axis=1)
-    return seqs[:, 1:]
+def serving_label(args, precision: str) -> str:
+    """A serving_default row's label, run in the --env environment."""
+    return f"{precision}, {' '.join(f'{k}={v}' for k, v in args.env)}" if args.env else precision
 
 
-def length_scaling(model, source_ids, lengths, repeats=3):
-    """{(length, use_cache): best seconds of `repeats`} of forced_decode."""
+def measure_ctranslate2(args, search: dict):
+    """({(system, label, threads): a worker's results}, {(label, threads): taking turns})."""
     results = {}
-    for use_cache in (True, False):
-        decode = tf.function(lambda ids, n, c=use_cache: forced_decode(model, ids, n, c))
-        decode(source_ids, tf.constant(2))  # trace once: the length is a tensor
-        for length in lengths:
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                decode(source_ids, tf.constant(length)).numpy()
-                times.append(time.perf_counter() - start)
-            results[length, use_cache] = min(times)
-    return results
+    for name, engine, precision, env, label in ctranslate2_systems(args):
+        for threads in LATENCY_THREADS:
+            out = subprocess.run(worker_command(args, engine, precision, threads, search),
+                                 check=True, capture_output=True, text=True,
+                                 env={**os.environ, **env}).stdout
+            result = results[name, label, threads] = json.loads(out.strip().splitlines()[-1])
+            if env and "outputs" in result:
+                plain = results[name, precision, threads]["outputs"]
+                result["identical"] = sum(a == b for a, b in zip(result["outputs"], plain))
+            print(f"  {name}, {label}, {threads} threads: "
+                  f"{ {k: v for k, v in result.items() if k != 'outputs'} }", file=sys.stderr)
+    turns = {}
+    if args.turns:
+        fastest = "bfloat16" if args.saved_model_bfloat16 else "float32"
+        label = serving_label(args, fastest)
+        for threads in LATENCY_THREADS:
+            commands = [worker_command(args, engine, precision, threads, search, serve=True)
+                        for engine, precision in (("saved_model", fastest),
+                                                  ("ctranslate2", "float32"))]
+            ours, theirs = taking_turns(commands, [dict(args.env), {}],
+                                        args.latency_sentences, args.turn_pause)
+            turns[label, threads] = (percentiles(ours), percentiles(theirs),
+                                     statistics.median(a / b for a, b in zip(ours, theirs)))
+            print(f"  taking turns, {label}, {threads} threads: {turns[label, threads]}",
+                  file=sys.stderr)
+    return results, turns
+
+
+def print_ctranslate2_tables(args, results: dict, turns: dict):
+    env = [] if not args.env else ["identical to the row without --env"]
+    reference = results["CTranslate2", "float32", LATENCY_THREADS[0]]["file_rate"]
+    rows = [[name, precision, f"{r['file_rate']:.1f}", f"{r['sorted_rate']:.1f}",
+             f"{r['file_rate'] / reference:.2f}x", f"{r['bleu']:.2f}", f"{r['chrf']:.2f}",
+             *([f"{r['identical']} of {len(r['outputs'])}" if "identical" in r else ""]
+               if env else [])]
+            for (name, precision, threads), r in results.items()
+            if threads == LATENCY_THREADS[0] and "skipped" not in r]
+    common.print_table(
+        ["system", "precision", "sentences/s, file order", "sentences/s, sorted by length",
+         "x CTranslate2 float32", "sacreBLEU", "chrF", *env], rows, text_columns=2,
+        title=f"Throughput ({LATENCY_THREADS[0]} threads, best of {args.repeats}, text in "
+              "and out) and quality:")
+    common.print_table(
+        ["system", "precision", "threads", "file order", "sorted by length"],
+        [[name, precision, threads, "{:.1f} / {:.1f}".format(*r["latency"]),
+          "{:.1f} / {:.1f}".format(*r["sorted_latency"])]
+         for (name, precision, threads), r in results.items() if "skipped" not in r],
+        text_columns=2, title="Single-sentence latency, p50 / p95 ms over the first "
+        f"{args.latency_sentences} sentences, one request at a time:")
+    if turns:
+        common.print_table(
+            ["SavedModel", "threads", "SavedModel p50 / p95", "CTranslate2 float32 p50 / p95",
+             "p50 ratio", "median of per-sentence ratios"],
+            [[label, threads, f"{o50:.1f} / {o95:.1f}", f"{c50:.1f} / {c95:.1f}",
+              f"{o50 / c50:.2f}x", f"{ratio:.2f}x"]
+             for (label, threads), ((o50, o95), (c50, c95), ratio) in turns.items()],
+            title="The same, our SavedModel and CTranslate2 float32 taking turns request by "
+                  f"request (file order, {args.turn_pause * 1e3:.0f} ms between requests):")
+    skipped = [f"{n} {p}: {r['skipped']}" for (n, p, t), r in results.items()
+               if "skipped" in r and t == LATENCY_THREADS[0]]
+    if skipped:
+        print("Skipped: " + "; ".join(skipped) + "\n")
+
+
+# ---------------------------------------------------------------- against keras-hub
+# The implementations and their turns: bench/peers/decoding_runners.py.
+
+
+class PeersResult(NamedTuple):
+    implementations: list
+    sentences: int
+    batches: int
+    source_tokens: int
+    uncached_batches: int
+    difference: float  # the largest |logit| difference of the two models
+
+
+def measure_peers(args, export, texts, loads: List[float]) -> PeersResult:
+    from trainer.serving import saved_model
+    translator, _ = saved_model.build_translator(args.model_dir, export.options)
+    batches, source_tokens = decoding_runners.sorted_batches(translator, texts, args.batch_size)
+    impls, uncached = decoding_runners.our_implementations(export, translator)
+    peers, difference = decoding_runners.keras_hub_implementations(
+        export, translator.model, batches[len(batches) // 2][1], args.keras_hub_xla)
+    impls += peers
+    uncached_batches = len(batches) if args.uncached_batches < 0 else args.uncached_batches
+    if uncached_batches:
+        impls.append(uncached)
+    decoding_runners.decode_in_turns(impls, batches, uncached, uncached_batches, loads)
+    # Output tokens and steps of the text signature: those of translate_ids and of the
+    # in-process cached search (the same weights and algorithm).
+    impls[1].outputs = impls[0].outputs
+    impls[0].steps = impls[1].steps = impls[2].steps
+    return PeersResult(impls, len(texts), len(batches), source_tokens, uncached_batches,
+                       difference)
+
+
+def print_peers_table(args, peers: PeersResult):
+    impls, reference = peers.implementations, peers.implementations[0].outputs
+    print(f"{peers.sentences} sentences in {peers.batches} length-sorted batches of "
+          f"{args.batch_size}, {peers.source_tokens:,} source tokens (pieces + EOS); uncached: "
+          f"the first {peers.uncached_batches} batches; keras-hub's copy of our weights: max "
+          f"|logit difference| {peers.difference:.1e} (teacher forcing):\n")
+    rows = []
+    for impl in impls:
+        n, tokens = len(impl.outputs), sum(len(o) for o in impl.outputs)
+        agree = sum(a == b for a, b in zip(impl.outputs, reference)) / n
+        per_step = f"{1000 * impl.seconds / impl.steps:.1f}" if impl.steps else "-"
+        rows.append([impl.name, n, f"{impl.seconds:.1f}", f"{n / impl.seconds:.1f}",
+                     f"{tokens / impl.seconds:,.0f}", f"{tokens / n:.1f}",
+                     impl.steps or "-", per_step, f"{100 * agree:.0f}%"])
+    common.print_table(
+        ["implementation", "sentences", "seconds", "sentences/s", "output tokens/s",
+         "output tokens / sentence", "beam steps", "ms / step", "best output = ours"], rows)
+    print("(beam steps of the SavedModel rows: the in-process cached search's, same "
+          "weights and algorithm; ms / step: seconds over beam steps)\n")
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--saved_model", required=True,
+                        help="the float32 export (a version or its export directory)")
+    parser.add_argument("--src", default=str(common.MULTI30K / "test2016.en"))
+    parser.add_argument("--ref", default=str(common.MULTI30K / "test2016.de"))
+    parser.add_argument("--sentences", type=int, default=None,
+                        help="the first N sentences of --src (0: all; default: all, "
+                             f"--peers {PEER_SENTENCES})")
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many passes")
+    ct2 = parser.add_argument_group("against CTranslate2")
+    ct2.add_argument("--ctranslate2", help="the same checkpoints exported with "
+                     "--format=ctranslate2 --quantization=float32: asks for this table")
+    ct2.add_argument("--saved_model_bfloat16", help="the same checkpoints exported with "
+                     "--serving_dtype=bfloat16")
+    ct2.add_argument("--previous_saved_model", help="a float32 export of the same "
+                     "checkpoints by earlier code: a before/after row")
+    ct2.add_argument("--xla", action="store_true", help="also time the exports' translate_xla "
+                     "signature (exported with --xla)")
+    ct2.add_argument("--latency_sentences", type=int, default=200)
+    ct2.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                     help="also run each serving_default row with this environment variable "
+                     "set in its process (repeatable: all of them in one more row each)")
+    ct2.add_argument("--turns", action=argparse.BooleanOptionalAction, default=True,
+                     help="also time one sentence with our fastest setup and CTranslate2 "
+                     "float32 taking turns request by request")
+    ct2.add_argument("--turn_pause", type=float, default=0.25, help="seconds between two "
+                     "requests when taking turns (default 0.25): CTranslate2's OpenMP threads (Intel "
+                     "OpenMP's default KMP_BLOCKTIME is 200 ms) and TensorFlow's pool keep "
+                     "spinning after a call, so with 20 ms between requests each engine's "
+                     "spinning threads steal the next request's cores")
+    ct2.add_argument("--worker", help=argparse.SUPPRESS)  # engine:precision:threads
+    ct2.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ct2.add_argument("--ctranslate2_search", help=argparse.SUPPRESS)  # ctranslate2_search's
+    peers = parser.add_argument_group("against keras-hub")
+    peers.add_argument("--peers", action="store_true", help="asks for this table")
+    peers.add_argument("--model_dir", help="the export's model directory (needed)")
+    peers.add_argument("--uncached_batches", type=int, default=-1,
+                       help="decode only the first N batches uncached too (-1: all, 0: none)")
+    peers.add_argument("--keras_hub_xla", action=argparse.BooleanOptionalAction, default=True,
+                       help="add keras-hub with XLA, its default for generate() (compiles "
+                       "once per batch shape)")
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    return args
+
+
+def check_args(parser, args):
+    if args.worker:
+        return
+    if not (args.ctranslate2 or args.peers):
+        parser.error("ask for a table: --ctranslate2=DIR or --peers (--options and --cache "
+                     "are bench/sweeps/decoding_options.py and decoding_cache.py)")
+    if args.peers and not args.model_dir:
+        parser.error("--peers needs --model_dir, the export's model directory")
+    bad = [e for e in args.env if "=" not in e]
+    if bad:
+        parser.error(f"--env takes NAME=VALUE, not {bad[0]!r}")
+    args.env = [tuple(e.split("=", 1)) for e in args.env]
+    if args.ctranslate2:
+        common.require(["ctranslate2", "sacrebleu"], "--ctranslate2")
+    if args.peers:
+        common.require(["keras_hub"], "--peers")
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--saved_model", required=True,
-                        help="Export directory or version of python -m trainer.export.")
-    parser.add_argument("--model_dir", help="Its model directory: enables the cached vs "
-                        "uncached comparisons (2, 3).")
-    parser.add_argument("--src", default=str(MULTI30K / "test2016.en"))
-    parser.add_argument("--sentences", type=int, default=0, help="First N sentences (0: all).")
-    parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--uncached_sentences", type=int, default=200)
-    parser.add_argument("--length_batch", type=int, default=16,
-                        help="Sources in the output-length experiment (x beam 4 rows).")
-    parser.add_argument("--lengths", default="8,16,32,64,120")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="Rounds of the signature comparison (best of each).")
-    parser.add_argument("--previous_saved_model",
-                        help="Another export (e.g. the same weights exported by the previous "
-                             "code): its sample requests are timed in the same rounds.")
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
+    if args.worker:
+        return run_worker(args)
+    export = common.Export(args.saved_model)
+    texts = common.read_lines(args.src, args.sentences or 0)
+    loads = [os.getloadavg()[0]]
+    reports = []  # what each table prints, in the order measured
+    if args.ctranslate2:
+        results, turns = measure_ctranslate2(args, ctranslate2_search(export))
+        reports.append(lambda: print_ctranslate2_tables(args, results, turns))
+    if args.peers:
+        peers = measure_peers(args, export, texts if args.sentences is not None else
+                              texts[:PEER_SENTENCES], loads)
+        reports.append(lambda: print_peers_table(args, peers))
+    loads.append(os.getloadavg()[0])
+    print_header(args, export, texts, loads)
+    for report in reports:
+        report()
 
-    with open(args.src, encoding="utf-8") as f:
-        texts = f.read().splitlines()
-    if args.sentences:
-        texts = texts[:args.sentences]
-    version_dir = saved_model.resolve(args.saved_model)
-    loaded = tf.saved_model.load(version_dir)
-    vocabulary = os.path.join(version_dir, "assets", "spm.model")
-    if not os.path.exists(vocabulary):
-        vocabulary = os.path.join(version_dir, "assets", "spm_target.model")
-    processor = sentencepiece.SentencePieceProcessor(model_file=vocabulary)
 
-    previous_dir = (saved_model.resolve(args.previous_saved_model)
-                    if args.previous_saved_model else None)
-    previous = tf.saved_model.load(previous_dir) if previous_dir else None
-    rows, same, agreeing = signature_rows(loaded, texts, args.batch_size, args.repeats,
-                                          processor, previous)
-    mean_output = rows[0][3] / len(texts)
-
-    scaling = None
-    if args.model_dir:
-        subset = texts[:args.uncached_sentences]
-        out, seconds = timed_translation(loaded.signatures["serving_default"], subset,
-                                         args.batch_size)
-        rows.append(("SavedModel serving_default, beam 4", len(subset), seconds,
-                     target_tokens(processor, out)))
-        for use_cache in (True, False):
-            translator, _ = saved_model.build_translator(args.model_dir)
-            translator.use_cache = use_cache
-            out, seconds = timed_translation(translator.translate, subset, args.batch_size)
-            label = "in-process, cached" if use_cache else "in-process, uncached"
-            rows.append((f"{label}, beam 4", len(subset), seconds,
-                         target_tokens(processor, out)))
-        lengths = [int(x) for x in args.lengths.split(",")]
-        beam_rows = args.length_batch * 4
-        source_ids = translator.source_ids(tf.constant(texts[:args.length_batch]))
-        source_ids = tf.repeat(source_ids, 4, axis=0)  # [sources * beam, src_len]
-        lengths = [n for n in lengths if n < translator.model.config.max_length]
-        scaling = length_scaling(translator.model, source_ids, lengths)
-
-    print()
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    for name, value in (("machine", f"{machine.describe()}, load average "
-                                    f"{load} at the end (other work slows the numbers)"),
-                        ("python", platform.python_version()),
-                        ("tensorflow", tf.__version__),
-                        ("tf-text", tensorflow_text.__version__),
-                        ("keras", keras.__version__),
-                        ("model", version_dir),
-                        ("previous", previous_dir),
-                        ("data", f"{args.src} ({len(texts)} sentences, mean output "
-                                 f"{mean_output:.1f} tokens)"),
-                        ("command", "python " + " ".join(map(shlex.quote, sys.argv)))):
-        if value:
-            print(f"{name:>10}: {value}")
-    print()
-    print("| decoding | sentences | seconds | sentences/s | target tokens/s |")
-    print("|---|---:|---:|---:|---:|")
-    for name, n, seconds, tokens in rows:
-        print(f"| {name} | {n} | {seconds:.1f} | {n / seconds:.1f} | {tokens / seconds:,.0f} |")
-    if len(rows) > 1:
-        print()
-        print(f"translate_with_options (beam 4) / serving_default time: "
-              f"{rows[1][2] / rows[0][2]:.3f}; identical translations: {'yes' if same else 'no'}")
-    for name, count in agreeing.items():
-        print(f"{name}: the same translation as this export's on {count} of {len(texts)}")
-    if scaling:
-        print()
-        print(f"Forced-length greedy decoding, {args.length_batch} sources x 4 = {beam_rows} "
-              "rows (decoder only):")
-        print()
-        print("| output length L | cached ms | cached ms/step | uncached ms | "
-              "uncached ms/step | uncached / cached |")
-        print("|---:|---:|---:|---:|---:|---:|")
-        for n in sorted({n for n, _ in scaling}):
-            cached, uncached = scaling[n, True], scaling[n, False]
-            print(f"| {n} | {cached * 1e3:.0f} | {cached * 1e3 / n:.1f} | {uncached * 1e3:.0f}"
-                  f" | {uncached * 1e3 / n:.1f} | {uncached / cached:.1f}x |")
-    print()
+def print_header(args, export, texts, loads):
+    extra, peaks = [], None
+    if args.ctranslate2:
+        import ctranslate2
+        import tensorflow as tf
+        extra.append(f"CTranslate2 {ctranslate2.__version__}")
+        peaks = (f"TensorFlow matmul {common.tf_matmul_peak(tf.float32, 5):.0f} GFLOP/s "
+                 f"float32, {common.tf_matmul_peak(tf.bfloat16, 5):.0f} bfloat16 "
+                 f"({common.MATMUL_SIZE}^3, this run)")
+    if args.peers:
+        import keras_hub
+        extra.append(f"keras-hub {keras_hub.__version__}")
+    common.print_header([
+        ("machine", f"{common.describe()}, load average {common.load_average()} at the end"),
+        ("load", "1-min at the start, around the timed batches of --peers, at the end: "
+                 + ", ".join(f"{load:.2f}" for load in loads) if args.peers else None),
+        ("peak", peaks),
+        ("versions", common.versions(*extra)),
+        ("export", export.describe()),
+        ("previous", args.previous_saved_model),
+        ("bfloat16", args.saved_model_bfloat16),
+        ("ctranslate2", args.ctranslate2),
+        ("data", f"{args.src} ({len(texts)} sentences), batches of {args.batch_size}"),
+        ("command", common.command()),
+    ])
 
 
 if __name__ == "__main__":

@@ -10,19 +10,17 @@ SentencePiece vocabulary at the default size, batch_tokens per replica):
   3. both together: the step fed by the pipeline, as in training.
 
 The ratio (1) / (2) is the pipeline's headroom; the issue asks for at least 10x.
-(3) close to (2) means the step is not starved. Not a test: run it by hand,
+(3) close to (2) means the step is not starved. Not a test: run it by hand from the
+repository root,
 
   python bench/input_pipeline.py [--batch_tokens=4096 --max_len=128 ...]
 
-and copy the table into the README.
+and copy the table into docs/performance.md.
 """
 
 import argparse
 import dataclasses
 import os
-import platform
-import shlex
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,13 +28,11 @@ from pathlib import Path
 import keras
 import sentencepiece
 import tensorflow as tf
-import tensorflow_text
 
 import keras_transformer
 from trainer.data import input_pipeline, sources
 
-import machine
-from machine import MULTI30K
+import common
 
 
 def real_tokens(batch) -> int:
@@ -102,23 +98,14 @@ def measure_fed_steps(train_step, dataset, num_steps):
     return tokens / (time.perf_counter() - start)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=str(MULTI30K), help="Multi30k directory")
-    parser.add_argument("--batch_tokens", type=int, default=4096)
-    parser.add_argument("--max_len", type=int, default=128)
-    parser.add_argument("--pipeline_batches", type=int, default=1000)
-    parser.add_argument("--train_steps", type=int, default=20)
-    parser.add_argument("--subword_sampling", type=float, default=0.0,
-                        help="the trainer's --subword_sampling (BPE-dropout rate)")
-    args = parser.parse_args(argv)
-    command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0]] + sys.argv[1:])
-
+def measure(args) -> dict:
+    """Every figure of the report: the pipeline alone, the step alone on its batches, the
+    step fed by it, and what they ran on."""
     load_before = os.getloadavg()[0]  # other processes share the cores
-    data_dir = Path(args.data)
     start = time.perf_counter()
     data_config = dataclasses.replace(
-        machine.multi30k_data(data_dir, max_len=args.max_len, batch_tokens=args.batch_tokens),
+        common.multi30k_data(Path(args.data), max_len=args.max_len,
+                             batch_tokens=args.batch_tokens),
         subword_sampling=args.subword_sampling)
     source = sources.select(data_config)
     check_seconds = time.perf_counter() - start
@@ -126,13 +113,10 @@ def main(argv=None):
         start = time.perf_counter()
         data = input_pipeline.build(source, model_dir, data_config)
         build_seconds = time.perf_counter() - start
-    vocab_size = data.tokenizers.target.vocab_size
-
     pipeline_rate, batches = measure_pipeline(data.train_dataset(), args.pipeline_batches)
 
-    config = keras_transformer.TransformerConfig.small(vocab_size=vocab_size)
-    if args.max_len > config.max_length:
-        parser.error(f"--max_len={args.max_len} exceeds the small model's {config.max_length}")
+    config = keras_transformer.TransformerConfig.small(
+        vocab_size=data.tokenizers.target.vocab_size)
     model = keras_transformer.Transformer(config)
     train_step = make_train_step(model, keras.optimizers.Adam(1e-4))
     by_shape = {}
@@ -140,44 +124,55 @@ def main(argv=None):
         by_shape.setdefault(tuple(batch[1].shape), batch)
     for batch in by_shape.values():  # warm up every shape once
         train_step(batch).numpy()
-    step_batches = batches[:args.train_steps + 1]
-    step_rate, loss = measure_steps(train_step, step_batches)
+    step_rate, loss = measure_steps(train_step, batches[:args.train_steps + 1])
     fed_rate = measure_fed_steps(train_step, data.train_dataset(), args.train_steps)
+    return dict(load_before=load_before, check_seconds=check_seconds,
+                build_seconds=build_seconds, data=data, shapes=sorted(by_shape, key=lambda s: s[1]),
+                parameters=model.count_params(), loss=loss, pipeline_rate=pipeline_rate,
+                step_rate=step_rate, fed_rate=fed_rate)
 
-    rows = [
-        ("machine", f"{machine.describe()}; load average before "
-                    f"the run {load_before:.1f}, after {os.getloadavg()[0]:.1f}"),
-        ("versions", f"Python {platform.python_version()}, TensorFlow {tf.__version__}, "
-                     f"tensorflow-text {tensorflow_text.__version__}, Keras {keras.__version__}, "
-                     f"sentencepiece {sentencepiece.__version__}"),
-        ("command", command),
-        ("data", f"Multi30k en->de train, {data.report}"),
-        ("vocabulary", f"shared BPE, {vocab_size} pieces (default size); file check "
-                       f"{check_seconds:.2f} s, vocabulary + counting pass {build_seconds:.1f} s"),
+
+def print_report(args, m: dict):
+    common.print_header([
+        ("machine", f"{common.describe()}; load average before the run "
+                    f"{m['load_before']:.1f}, after {os.getloadavg()[0]:.1f}"),
+        ("versions", common.versions(f"sentencepiece {sentencepiece.__version__}")),
+        ("command", common.command()),
+        ("data", f"Multi30k en->de train, {m['data'].report}"),
+        ("vocabulary", f"shared BPE, {m['data'].tokenizers.target.vocab_size} pieces (default "
+                       f"size); file check {m['check_seconds']:.2f} s, vocabulary + counting "
+                       f"pass {m['build_seconds']:.1f} s"),
         ("batches", f"batch_tokens={args.batch_tokens} per replica, max_len={args.max_len}, "
-                    f"subword_sampling={args.subword_sampling:g}, "
-                    f"{len(by_shape)} shapes seen: "
-                    + " ".join(f"{b}x{l}" for b, l in sorted(by_shape, key=lambda s: s[1]))),
-        ("model", f"TransformerConfig.small ({model.count_params() / 1e6:.1f}M parameters), "
-                  f"Adam, masked cross-entropy, float32; last loss {loss:.2f}"),
-    ]
-    results = [
-        ("input pipeline alone", pipeline_rate, f"{args.pipeline_batches} batches"),
-        ("training step alone", step_rate, f"{args.train_steps} steps on the pipeline's batches, "
-                                           "held in memory"),
-        ("training step fed by the pipeline", fed_rate, f"{args.train_steps} steps"),
-    ]
-    print()
-    for name, value in rows:
-        print(f"{name:>11}: {value}")
-    print()
-    print("| measured | tokens/s (non-pad source + target) | over |")
-    print("|---|---:|---|")
-    for name, rate, over in results:
-        print(f"| {name} | {rate:,.0f} | {over} |")
-    print()
-    print(f"pipeline / training step = {pipeline_rate / step_rate:.0f}x "
-          f"(the issue asks for at least 10x)")
+                    f"subword_sampling={args.subword_sampling:g}, {len(m['shapes'])} shapes "
+                    "seen: " + " ".join(f"{b}x{l}" for b, l in m["shapes"])),
+        ("model", f"TransformerConfig.small ({m['parameters'] / 1e6:.1f}M parameters), "
+                  f"Adam, masked cross-entropy, float32; last loss {m['loss']:.2f}"),
+    ])
+    common.print_table(["measured", "tokens/s (non-pad source + target)", "over"], [
+        ["input pipeline alone", f"{m['pipeline_rate']:,.0f}",
+         f"{args.pipeline_batches} batches"],
+        ["training step alone", f"{m['step_rate']:,.0f}",
+         f"{args.train_steps} steps on the pipeline's batches, held in memory"],
+        ["training step fed by the pipeline", f"{m['fed_rate']:,.0f}",
+         f"{args.train_steps} steps"],
+    ], text_columns=(0, 2))
+    print(f"pipeline / training step = {m['pipeline_rate'] / m['step_rate']:.0f}x "
+          "(the issue asks for at least 10x)")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=str(common.MULTI30K), help="Multi30k directory")
+    parser.add_argument("--batch_tokens", type=int, default=4096)
+    parser.add_argument("--max_len", type=int, default=128)
+    parser.add_argument("--pipeline_batches", type=int, default=1000)
+    parser.add_argument("--train_steps", type=int, default=20)
+    parser.add_argument("--subword_sampling", type=float, default=0.0,
+                        help="the trainer's --subword_sampling (BPE-dropout rate)")
+    args = parser.parse_args(argv)
+    if args.max_len > keras_transformer.TransformerConfig.small().max_length:
+        parser.error(f"--max_len={args.max_len} exceeds the small model's positions")
+    print_report(args, measure(args))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""Plot a run's training curve from its TensorBoard summaries.
+"""Plot: how did a run train? Its training curve, from its TensorBoard summaries.
 
     python bench/training_curve.py --model_dir=runs/small_multi30k --out=docs/multi30k_curve.png
 
 Left: training loss (label-smoothed, per target token) and validation loss against the step.
 Right: validation BLEU (sacreBLEU, detokenized) and chrF. Reads <model_dir>/train and
-<model_dir>/eval, as written by python -m trainer.task.
+<model_dir>/eval, as written by python -m trainer.task. Not a benchmark: it reads a finished
+run and draws what docs/multi30k.md shows.
 """
 
 import argparse
@@ -15,6 +16,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+# (summary directory, tag, label) of each panel's curves.
+LOSSES = (("train", "loss", "training loss"), ("eval", "loss", "validation loss"))
+QUALITY = (("eval", "bleu", "validation BLEU"), ("eval", "chrf", "validation chrF"))
 
 
 def scalars(directory, tag):
@@ -30,32 +35,42 @@ def scalars(directory, tag):
     return sorted(values.items())
 
 
-def main():
+def read_curves(model_dir):
+    """{label: [(step, value)]} of every curve the run has."""
+    curves = {}
+    for subdir, tag, label in LOSSES + QUALITY:
+        points = scalars(os.path.join(model_dir, subdir), tag)
+        if points:
+            curves[label] = points
+    return curves
+
+
+def plot(curves, title: str, out: str):
+    """The two panels, written to `out` (PNG)."""
+    figure, (losses, quality) = plt.subplots(1, 2, figsize=(11, 4))
+    for axes, panel in ((losses, LOSSES), (quality, QUALITY)):
+        for subdir, _, label in panel:
+            if label in curves:
+                axes.plot(*zip(*curves[label]), label=label,
+                          marker=None if subdir == "train" else "o" if axes is quality else ".")
+        axes.set_xlabel("step")
+        axes.legend()
+    losses.set_ylabel("label-smoothed cross-entropy per token")
+    figure.suptitle(title)
+    figure.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    figure.savefig(out, dpi=100)
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model_dir", required=True)
     parser.add_argument("--out", required=True, help="PNG file to write.")
-    args = parser.parse_args()
-    train_dir, eval_dir = (os.path.join(args.model_dir, d) for d in ("train", "eval"))
-    figure, (losses, quality) = plt.subplots(1, 2, figsize=(11, 4))
-    for directory, tag, label in ((train_dir, "loss", "training loss"),
-                                  (eval_dir, "loss", "validation loss")):
-        points = scalars(directory, tag)
-        if points:
-            losses.plot(*zip(*points), label=label, marker="." if directory == eval_dir else None)
-    losses.set_xlabel("step")
-    losses.set_ylabel("label-smoothed cross-entropy per token")
-    losses.legend()
-    for tag, label in (("bleu", "validation BLEU"), ("chrf", "validation chrF")):
-        points = scalars(eval_dir, tag)
-        if points:
-            quality.plot(*zip(*points), label=label, marker="o")
-    quality.set_xlabel("step")
-    quality.legend()
-    figure.suptitle(os.path.basename(os.path.normpath(args.model_dir)))
-    figure.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    figure.savefig(args.out, dpi=100)
-    print(f"wrote {args.out}")
+    args = parser.parse_args(argv)
+    curves = read_curves(args.model_dir)
+    plot(curves, os.path.basename(os.path.normpath(args.model_dir)), args.out)
+    print(f"wrote {args.out}: " + ", ".join(f"{label} ({len(points)} points)"
+                                            for label, points in curves.items()))
 
 
 if __name__ == "__main__":

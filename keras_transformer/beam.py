@@ -8,7 +8,7 @@ Two searches take the same steps (`_beam_step`) on differently shaped tensors:
   and a sentence whose n-best can no longer change leaves the batch;
 - the fixed-shape search (`beam_search(..., fixed_shapes=True)`), on shapes that never
   change, for XLA, which fuses a step's hundreds of small ops (faster on one sentence,
-  slower on large batches; see bench/README.md).
+  slower on large batches; see docs/performance-notes.md).
 
 Shapes: n sentences still searching (batch with fixed shapes), beam = beam_size, and
 width the output width (keras_transformer.decoding.decode_lengths); sequences hold BOS in
@@ -157,7 +157,7 @@ def _growing_beam_search(search, max_lengths, state, use_cache):
                     gather_sentences(state, kept))
 
         # Most steps no sentence is done: skip those ops then (a step's kernel count
-        # is what one sentence's latency pays for, bench/README.md).
+        # is what one sentence's latency pays for, docs/performance-notes.md).
         results, searching, state = tf.cond(tf.reduce_any(done), leave,
                                             lambda: (results, searching, state))
         sentences, beams, finished, max_lengths, parents = searching
@@ -175,7 +175,7 @@ def _growing_beam_search(search, max_lengths, state, use_cache):
         # Rows only leave: a search that starts with at most ELEMENTWISE_MAX_ROWS rows
         # (a request of up to 4 sentences of 4 beams) attends elementwise at every step,
         # without a `tf.cond` per attention per step (one sentence 2-8% faster,
-        # bench/README.md); a larger one chooses at each step.
+        # docs/performance-notes.md); a larger one chooses at each step.
         outputs = tf.cond(batch * search.beam_size <= ELEMENTWISE_MAX_ROWS,
                           lambda: run(True), lambda: run(None))
     else:

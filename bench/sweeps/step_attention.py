@@ -1,17 +1,16 @@
-"""Where should a decoding step stop attending elementwise? Its answer is attention.py's
-ELEMENTWISE_MAX_ROWS: steps of at most that many rows (sentences x beams) attend with
-elementwise float32 ops, larger ones with oneDNN's batched matmuls and softmax.
+"""Sweep: where should a decoding step stop attending elementwise? Its answer is
+attention.py's ELEMENTWISE_MAX_ROWS: steps of at most that many rows (sentences x beams)
+attend with elementwise float32 ops, larger ones with oneDNN's batched matmuls and softmax.
 
 Times the two ways one step attends (keras_transformer.attention's _elementwise_attention
 and _matmul_attention), per call, in a tf.while_loop as the search runs them, for
 self-attention (a query per row against its --cache_length cached keys) and
 cross-attention (a sentence's --beams queries against its --source_length source keys),
 at each of --rows, with one thread and with --threads. `small`'s shapes by default
-(4 heads of 64). Not a test: run it by hand from the repository root,
+(4 heads of 64). Each thread count runs in its own process (TensorFlow fixes its pools at
+first use). Not a test: run it by hand from the repository root,
 
-  python bench/step_attention.py [--dtype=float32] [--threads=2]
-
-Each thread count runs in its own process (TensorFlow fixes its pools at first use).
+  python bench/sweeps/step_attention.py [--dtype=float32] [--threads=2]
 """
 
 import argparse
@@ -19,16 +18,17 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import tensorflow as tf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import machine  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for common
+import common  # noqa: E402
+from keras_transformer import DecodeConfig, TransformerConfig  # noqa: E402
 from keras_transformer.attention import (ELEMENTWISE_MAX_ROWS,  # noqa: E402
                                          _elementwise_attention, _matmul_attention)
 
+SMALL = TransformerConfig.small()
 WAYS = {"elementwise": _elementwise_attention, "matmuls": _matmul_attention}
 
 
@@ -39,12 +39,12 @@ def per_call_us(attention, args, calls: int, repeats: int) -> float:
 
     loop = tf.function(lambda: tf.while_loop(lambda i, _: i < calls, body, (0, 0.0))[1])
     loop()  # trace
-    return min(machine.seconds(loop) for _ in range(repeats)) / calls * 1e6
+    return common.best_seconds(loop, repeats) / calls * 1e6
 
 
 def measure(args) -> dict:
-    """{(kind, rows, way): microseconds per call} with this process's threads."""
-    machine.set_threads(args.threads)
+    """{"kind rows way": microseconds per call} with this process's threads."""
+    common.set_threads(args.threads)
     dtype = tf.bfloat16 if args.dtype == "bfloat16" else tf.float32
     heads, depth = args.heads, args.depth
 
@@ -64,25 +64,8 @@ def measure(args) -> dict:
     return results
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    parser.add_argument("--rows", default="4,8,16,32,64,256")
-    parser.add_argument("--threads", type=int, default=2, help="The second thread count "
-                        "timed (the first is 1).")
-    parser.add_argument("--beams", type=int, default=4)
-    parser.add_argument("--cache_length", type=int, default=20)
-    parser.add_argument("--source_length", type=int, default=16)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--depth", type=int, default=64)
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        print(json.dumps(measure(args)))
-        return
-    start = time.perf_counter()
+def measure_in_processes(args) -> dict:
+    """{threads: measure()'s results}, each thread count in a worker process."""
     columns = {}
     for threads in (1, args.threads):
         command = [sys.executable, __file__, "--worker", f"--threads={threads}",
@@ -91,23 +74,50 @@ def main(argv=None):
         worker = subprocess.run(command, capture_output=True, text=True, check=True,
                                 env=os.environ)
         columns[threads] = json.loads(worker.stdout.strip().splitlines()[-1])
-    machine.print_run(f"1 and {args.threads}")
-    print(f"{args.dtype}, {args.heads} heads of {args.depth}; self-attention over "
-          f"{args.cache_length} cached keys, cross-attention of {args.beams} beams over "
-          f"{args.source_length} source keys; us per call, best of {args.repeats} loops of "
-          f"{args.calls}. ELEMENTWISE_MAX_ROWS = {ELEMENTWISE_MAX_ROWS}.\n")
-    header = " | ".join(f"{way}, {threads} thread{'s' * (threads > 1)}"
-                        for threads in columns for way in WAYS)
-    print(f"| attention | rows | {header} |")
-    print("|---|---:|" + "---:|" * (len(columns) * len(WAYS)))
+    return columns
+
+
+def print_report(args, columns: dict):
+    common.print_header([
+        ("machine", f"{common.describe()}, load average {common.load_average()} at the end"),
+        ("versions", common.versions()),
+        ("threads", f"1 and {args.threads}"),
+        ("command", common.command()),
+    ])
+    rows = []
     for key in columns[1]:
-        kind, rows, way = key.split()
-        if way != "elementwise":
-            continue
-        cells = " | ".join(f"{columns[threads][f'{kind} {rows} {w}']:.0f}"
-                           for threads in columns for w in WAYS)
-        print(f"| {kind} | {rows} | {cells} |")
-    print(f"\n({time.perf_counter() - start:.0f} s)")
+        kind, count, way = key.split()
+        if way == "elementwise":
+            rows.append([kind, count, *(f"{columns[threads][f'{kind} {count} {w}']:.0f}"
+                                        for threads in columns for w in WAYS)])
+    common.print_table(
+        ["attention", "rows", *(f"{way}, {threads} thread{'s' * (threads > 1)}"
+                                for threads in columns for way in WAYS)],
+        rows, title=f"{args.dtype}, {args.heads} heads of {args.depth}; self-attention over "
+        f"{args.cache_length} cached keys, cross-attention of {args.beams} beams over "
+        f"{args.source_length} source keys; us per call, best of {args.repeats} loops of "
+        f"{args.calls}. ELEMENTWISE_MAX_ROWS = {ELEMENTWISE_MAX_ROWS}.")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--rows", default="4,8,16,32,64,256")
+    parser.add_argument("--threads", type=int, default=2, help="The second thread count "
+                        "timed (the first is 1).")
+    parser.add_argument("--beams", type=int, default=DecodeConfig().beam_size)
+    parser.add_argument("--cache_length", type=int, default=20)
+    parser.add_argument("--source_length", type=int, default=16)
+    parser.add_argument("--heads", type=int, default=SMALL.num_heads)
+    parser.add_argument("--depth", type=int, default=SMALL.d_k)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(measure(args)))
+        return
+    common.timed_main(lambda: print_report(args, measure_in_processes(args)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,175 @@
+"""The systems bench/decoding.py --ctranslate2 times, each at one thread count in a process of
+its own (bench/decoding.py again, with --worker): its own thread pools, and no TensorFlow
+beside CTranslate2. A library for bench/decoding.py; nothing here is run.
+
+A worker loads one system, a signature of one of our SavedModels or CTranslate2 at one
+compute type with SentencePiece around it, then either measures it alone (`worker`:
+throughput, sacreBLEU and chrF, single-sentence latency; one JSON line) or, with --serve,
+answers one-sentence requests from standard input (`serve`), so that two workers loaded at
+once can take turns request by request (`taking_turns`). TensorFlow is imported inside the
+functions that use it.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, List
+
+import common
+
+LATENCY_THREADS = (2, 1)  # on one sentence a second thread can cost more than it brings
+PREVIOUS = "float32, previous code"  # the --previous_saved_model row
+# The --xla rows: each export's XLA signature.
+XLA = {"float32": "float32, translate_xla", "bfloat16": "bfloat16, translate_xla"}
+
+
+def saved_model_translator(path: str, threads: int, signature: str = "serving_default"
+                           ) -> Callable[[List[str]], List[str]]:
+    import tensorflow as tf
+    from trainer.serving import saved_model
+    common.set_threads(threads)
+    function = saved_model.load(path).signatures[signature]
+
+    def translate(texts):
+        outputs = function(inputs=tf.constant(texts))["translations"].numpy()
+        return [t.decode("utf-8") for t in outputs]
+    return translate
+
+
+def ctranslate2_translator(path: str, compute_type: str, threads: int, search: dict
+                           ) -> Callable[[List[str]], List[str]]:
+    """CTranslate2 with sentencepiece around it; `search`: the SavedModel's beam size and
+    alpha and the longest output its model allows."""
+    import ctranslate2
+    import sentencepiece
+    processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, "spm.model"))
+    translator = ctranslate2.Translator(path, device="cpu", compute_type=compute_type,
+                                        inter_threads=1, intra_threads=threads)
+
+    def translate(texts):
+        results = translator.translate_batch(
+            processor.encode(texts, out_type=str), beam_size=search["beam_size"],
+            length_penalty=search["alpha"], max_decoding_length=search["max_length"],
+            min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]])
+        return processor.decode([r.hypotheses[0] for r in results])
+    return translate
+
+
+def throughput(translate, texts: List[str], batch_size: int, repeats: int):
+    """(best sentences/s of `repeats` passes, translations in the order of texts)."""
+    translate(texts[:batch_size])  # warm-up
+    best, outputs = float("inf"), []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        outputs = [t for i in range(0, len(texts), batch_size)
+                   for t in translate(texts[i:i + batch_size])]
+        best = min(best, time.perf_counter() - start)
+    return len(texts) / best, outputs
+
+
+def percentiles(times: List[float]):
+    """(p50, p95) of a list of milliseconds."""
+    times = sorted(times)
+    return statistics.median(times), times[int(round(0.95 * (len(times) - 1)))]
+
+
+def latency(translate, texts: List[str]):
+    """(p50, p95) milliseconds of one-sentence requests, one at a time."""
+    translate(texts[:1])
+    return percentiles([common.seconds(lambda t=t: translate([t])) * 1e3 for t in texts])
+
+
+def worker_translator(args, engine: str, precision: str, threads: int, texts: List[str]):
+    """The translate function of one system in this worker process (None: a compute type
+    this CPU lacks, reported as skipped); args: bench/decoding.py's."""
+    if engine == "ctranslate2":
+        try:
+            return ctranslate2_translator(args.ctranslate2, precision, threads,
+                                          json.loads(args.ctranslate2_search))
+        except ValueError as e:
+            print(json.dumps({"skipped": str(e)}))
+            return None
+    paths = {"float32": args.saved_model, "bfloat16": args.saved_model_bfloat16,
+             PREVIOUS: args.previous_saved_model, XLA["float32"]: args.saved_model,
+             XLA["bfloat16"]: args.saved_model_bfloat16}
+    xla = precision in XLA.values()
+    translate = saved_model_translator(paths[precision], threads,
+                                       "translate_xla" if xla else "serving_default")
+    if xla:
+        # A compile per batch size (up to trainer.serving.xla.MAX_BATCH; larger requests
+        # run serving_default's search) and source-width bucket: warm the single-sentence
+        # shapes up first, as a server's warmup requests would.
+        start = time.perf_counter()
+        for text in texts[:args.latency_sentences]:
+            translate([text])
+        print(f"translate_xla warm-up: {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return translate
+
+
+def worker(args):
+    """One system at one thread count (--worker=engine:precision:threads) in this process;
+    prints its results as JSON, or with --serve answers requests from standard input (see
+    serve). args: bench/decoding.py's."""
+    engine, precision, threads = args.worker.split(":")
+    threads = int(threads)
+    texts = common.read_lines(args.src, args.sentences or 0)
+    translate = worker_translator(args, engine, precision, threads, texts)
+    if translate is None:
+        return
+    if args.serve:
+        return serve(translate, texts)
+    result = {}
+    if threads == LATENCY_THREADS[0]:
+        references = common.read_lines(args.ref, args.sentences or 0)
+        result["file_rate"], outputs = throughput(translate, texts, args.batch_size,
+                                                  args.repeats)
+        result["sorted_rate"], _ = throughput(
+            translate, sorted(texts, key=lambda t: len(t.split())), args.batch_size,
+            args.repeats)
+        import sacrebleu
+        result["bleu"] = sacrebleu.corpus_bleu(outputs, [references]).score
+        result["chrf"] = sacrebleu.corpus_chrf(outputs, [references]).score
+        result["outputs"] = outputs
+    first = texts[:args.latency_sentences]
+    result["latency"] = latency(translate, first)
+    result["sorted_latency"] = latency(translate, sorted(first, key=lambda t: len(t.split())))
+    print(json.dumps(result))
+
+
+def serve(translate, texts: List[str]):
+    """A turn-taking worker: warms up on the first sentence, prints "ready", then for each
+    line i on standard input translates texts[i] alone and prints the milliseconds it took,
+    until standard input closes."""
+    translate(texts[:1])
+    print("ready", flush=True)
+    for line in sys.stdin:
+        text = texts[int(line)]
+        print(f"{common.seconds(lambda: translate([text])) * 1e3:.3f}", flush=True)
+
+
+def taking_turns(commands, envs, sentences: int, pause: float):
+    """Milliseconds per sentence of each worker command, the workers (all loaded first)
+    translating sentences 0..sentences-1 in turn, the first to go alternating from one
+    sentence to the next, `pause` seconds between requests."""
+    workers = [subprocess.Popen(c, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, **e}) for c, e in zip(commands, envs)]
+    try:
+        for w in workers:
+            if w.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"worker {w.args[-1]} did not start")
+        times = [[] for _ in workers]
+        for i in range(sentences):
+            order = range(len(workers)) if i % 2 == 0 else reversed(range(len(workers)))
+            for k in order:
+                time.sleep(pause)
+                workers[k].stdin.write(f"{i}\n")
+                workers[k].stdin.flush()
+                times[k].append(float(workers[k].stdout.readline()))
+        return times
+    finally:
+        for w in workers:
+            w.stdin.close()
+            w.wait()
