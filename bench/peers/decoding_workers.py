@@ -39,19 +39,24 @@ def saved_model_translator(path: str, threads: int, signature: str = "serving_de
     return translate
 
 
-def ctranslate2_translator(path: str, compute_type: str, threads: int, search: dict
-                           ) -> Callable[[List[str]], List[str]]:
-    """CTranslate2 with sentencepiece around it; `search`: the SavedModel's beam size and
-    alpha and the longest output its model allows."""
+def ctranslate2_translator(path: str, compute_type: str, threads: int, search: dict,
+                           batch_size: int) -> Callable[[List[str]], List[str]]:
+    """CTranslate2 with sentencepiece around it, in its own best setup for `threads` cores
+    (bench/README.md, "Giving CTranslate2 its full speed"): one translation per core
+    (inter_threads, one intra-op thread each) and its own batching, a call on many texts
+    sorted by length and cut into batches of `batch_size` that run side by side. One
+    sentence runs on one thread, CTranslate2's fastest for a single request. `search`: the
+    SavedModel's beam size and alpha and the longest output its model allows."""
     import ctranslate2
     import sentencepiece
     processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, "spm.model"))
     translator = ctranslate2.Translator(path, device="cpu", compute_type=compute_type,
-                                        inter_threads=1, intra_threads=threads)
+                                        inter_threads=threads, intra_threads=1)
 
     def translate(texts):
         results = translator.translate_batch(
-            processor.encode(texts, out_type=str), beam_size=search["beam_size"],
+            processor.encode(texts, out_type=str), max_batch_size=batch_size,
+            batch_type="examples", beam_size=search["beam_size"],
             length_penalty=search["alpha"], max_decoding_length=search["max_length"],
             min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]])
         return processor.decode([r.hypotheses[0] for r in results])
@@ -59,13 +64,14 @@ def ctranslate2_translator(path: str, compute_type: str, threads: int, search: d
 
 
 def throughput(translate, texts: List[str], batch_size: int, repeats: int):
-    """(best sentences/s of `repeats` passes, translations in the order of texts)."""
-    translate(texts[:batch_size])  # warm-up
+    """(best sentences/s of `repeats` passes, translations in the order of texts);
+    batch_size None: all texts in one call (CTranslate2 batches them itself)."""
+    translate(texts[:batch_size or 64])  # warm-up
+    step = batch_size or len(texts)
     best, outputs = float("inf"), []
     for _ in range(repeats):
         start = time.perf_counter()
-        outputs = [t for i in range(0, len(texts), batch_size)
-                   for t in translate(texts[i:i + batch_size])]
+        outputs = [t for i in range(0, len(texts), step) for t in translate(texts[i:i + step])]
         best = min(best, time.perf_counter() - start)
     return len(texts) / best, outputs
 
@@ -88,7 +94,7 @@ def worker_translator(args, engine: str, precision: str, threads: int, texts: Li
     if engine == "ctranslate2":
         try:
             return ctranslate2_translator(args.ctranslate2, precision, threads,
-                                          json.loads(args.ctranslate2_search))
+                                          json.loads(args.ctranslate2_search), args.batch_size)
         except ValueError as e:
             print(json.dumps({"skipped": str(e)}))
             return None
@@ -124,11 +130,11 @@ def worker(args):
     result = {}
     if threads == LATENCY_THREADS[0]:
         references = common.read_lines(args.ref, args.sentences or 0)
-        result["file_rate"], outputs = throughput(translate, texts, args.batch_size,
-                                                  args.repeats)
+        # CTranslate2 sorts and batches a call's texts itself: the file in one call.
+        batch_size = None if engine == "ctranslate2" else args.batch_size
+        result["file_rate"], outputs = throughput(translate, texts, batch_size, args.repeats)
         result["sorted_rate"], _ = throughput(
-            translate, sorted(texts, key=lambda t: len(t.split())), args.batch_size,
-            args.repeats)
+            translate, sorted(texts, key=lambda t: len(t.split())), batch_size, args.repeats)
         import sacrebleu
         result["bleu"] = sacrebleu.corpus_bleu(outputs, [references]).score
         result["chrf"] = sacrebleu.corpus_chrf(outputs, [references]).score
