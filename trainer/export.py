@@ -54,14 +54,13 @@ def main(argv):
     del argv
     if not FLAGS.model_dir:
         cli.fail("--model_dir is required")
-    from trainer.model_dir.layout import ModelDirError
     exporter = exporters.exporter(FLAGS.format)
     try:
         options = cli.config_from_flags(exporter.Options)
         name = os.path.basename(os.path.normpath(FLAGS.model_dir))
         export_dir = FLAGS.export_dir or exporter.default_dir(name, options)
         path = exporter.export(FLAGS.model_dir, export_dir, options)
-    except (FileNotFoundError, ValueError, ModelDirError, exporters.MissingExtra) as e:
+    except (FileNotFoundError, ValueError, exporters.MissingExtra) as e:  # ModelDirError too
         cli.fail(str(e))
     print(f"exported {exporter.DESCRIPTION} to {path}")
 

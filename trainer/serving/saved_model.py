@@ -125,16 +125,13 @@ def load(saved_model: str):
     Raises FileNotFoundError when there is none, ExportError when it cannot be read."""
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
     path = resolve(saved_model)
+    from google.protobuf.message import DecodeError  # TensorFlow's own dependency
     try:
         return tf.saved_model.load(path)
-    except (tf.errors.OpError, ValueError, IOError) as e:
+    except (tf.errors.OpError, ValueError, IOError, DecodeError) as e:
+        # DecodeError: a saved_model.pb cut short.
         raise ExportError(f"{path} is not a readable SavedModel ({_one_line(e)}); export "
                           "it again with python -m trainer.export") from None
-    except Exception as e:  # protobuf's DecodeError, from a saved_model.pb cut short
-        if type(e).__name__ != "DecodeError":
-            raise
-        raise ExportError(f"{path}/saved_model.pb is damaged ({_one_line(e)}); export it "
-                          "again with python -m trainer.export") from None
 
 
 def _one_line(error) -> str:
