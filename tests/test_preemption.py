@@ -112,19 +112,16 @@ def check_same_stream(model_dir, steps, pipelines, replicas_fed):
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_sigterm_checkpoints_the_update_in_flight_and_the_same_command_resumes(
         tmp_path, replicas):
-    """Also what a multi-replica run must do at all: 2 CPU replicas learn (signalled at
-    step 40), and a resumed run stops at the new total with a validation."""
+    """A resumed run stops at the new total with a validation. (That 2 CPU replicas
+    update as one whole batch does is test_distributed_update's.)"""
     model_dir = str(tmp_path / "run")
     flags = [f"--num_cpu_replicas={replicas}"]
     process = start(model_dir, *flags, "--train_steps=100000")
-    seconds, outputs = preempt([process], signalled=0, after_step=40 if replicas == 2 else 5)
+    seconds, outputs = preempt([process], signalled=0)
     step = check_preempted(model_dir, seconds, outputs, [process])
     out, err = outputs[0]
     assert f"{replicas} replica(s)" in "\n".join(out)
     assert len(err.strip().splitlines()) == 1, err[-3000:]  # a quiet console: the one line
-    if replicas == 2:
-        loss = summaries(model_dir, "loss")
-        assert loss[step] < loss[5] - 1.0, loss
 
     resumed = start(model_dir, *flags, f"--train_steps={step + 3}", "--eval_every=1000")
     out, err = resumed.communicate(timeout=300)
