@@ -298,7 +298,7 @@ def _best_extensions(log_probs, live_log_probs, length, max_lengths, k, vocab):
 
     Ranked as one top-k over all beam * vocab candidates would rank them (ties: lower
     beam, then lower token), among the tokens an output may hold: never PAD or BOS, and
-    only EOS at a sentence's maximum length.
+    only EOS, scoring 0, at a sentence's maximum length.
 
     Args:
       log_probs: float32 [n * beam, vocab], each live beam's next-token log-probs.
@@ -314,11 +314,11 @@ def _best_extensions(log_probs, live_log_probs, length, max_lengths, k, vocab):
     per_beam = tf.minimum(k + 2, vocab) if tf.is_tensor(k) else min(k + 2, vocab)
     best, tokens = top_k(log_probs, per_beam)  # [n * beam, per_beam]
     best = tf.where((tokens == PAD_ID) | (tokens == BOS_ID), float("-inf"), best)
-    # At its maximum length a sentence may only end: EOS is each beam's one candidate.
+    # At its maximum length a sentence may only end: EOS is each beam's one candidate,
+    # forced, so it scores 0 (see decoding._allowed).
     at_max = tf.repeat(length >= max_lengths, beam)[:, None]  # [n * beam, 1]
     first = tf.range(per_beam) == 0
-    best = tf.where(at_max, tf.where(first, log_probs[:, EOS_ID:EOS_ID + 1], float("-inf")),
-                    best)
+    best = tf.where(at_max, tf.where(first, 0.0, float("-inf")), best)
     tokens = tf.where(at_max, tf.where(first, EOS_ID, PAD_ID), tokens)
     candidates = live_log_probs[:, :, None] + tf.reshape(best, tf.stack([n, beam, per_beam]))
     top_log_probs, top = tf.math.top_k(tf.reshape(candidates, tf.stack([n, beam * per_beam])),

@@ -10,6 +10,12 @@ import dataclasses
 from typing import Optional
 
 POSITIONAL_KINDS = ("sinusoidal", "learned")
+# The feed-forward network's activation: the paper's ReLU, or what other Transformers use
+# (Marian's OPUS-MT models: swish, x * sigmoid(x); gelu, the exact erf form).
+ACTIVATIONS = ("relu", "swish", "gelu")
+# Where the sinusoids' sines and cosines of one frequency go: the paper's formula
+# interleaves them; Marian (and so OPUS-MT) puts all the sines, then all the cosines.
+SINUSOID_LAYOUTS = ("interleaved", "concatenated")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +43,15 @@ class TransformerConfig:
         and of the decoding cache).
       source_vocab_size: source vocabulary size when it differs from the target's
         (requires share_embeddings=False); None means vocab_size.
+
+    What the paper does not fix, with its choice (or the common one) as the default and
+    the values pretrained Marian (OPUS-MT) models need (trainer.convert sets them):
+      activation: the feed-forward network's, one of ACTIVATIONS; "relu" (section 3.3).
+      layer_norm_epsilon: added to the variance in every layer norm; 1e-6 (Marian: 1e-5).
+      output_bias: a trained bias on the logits after the pre-softmax projection; False
+        (section 3.4 has none; Marian has one).
+      sinusoid_layout: one of SINUSOID_LAYOUTS; "interleaved" as in section 3.5's formula
+        (Marian: "concatenated").
     """
 
     vocab_size: int = 37000
@@ -54,11 +69,18 @@ class TransformerConfig:
     pre_norm: bool = False
     max_length: int = 256
     source_vocab_size: Optional[int] = None
+    activation: str = "relu"
+    layer_norm_epsilon: float = 1e-6
+    output_bias: bool = False
+    sinusoid_layout: str = "interleaved"
 
     def __post_init__(self):
-        if self.positional not in POSITIONAL_KINDS:
-            raise ValueError(
-                f"positional must be one of {POSITIONAL_KINDS}, got {self.positional!r}")
+        for name, allowed in (("positional", POSITIONAL_KINDS), ("activation", ACTIVATIONS),
+                              ("sinusoid_layout", SINUSOID_LAYOUTS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not 0.0 < self.layer_norm_epsilon < 1.0:
+            raise ValueError(f"layer_norm_epsilon must be in (0, 1), got {self.layer_norm_epsilon}")
         if (self.key_dim is None or self.value_dim is None) and self.d_model % self.num_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "

@@ -18,7 +18,7 @@ class DecoderLayer(keras.layers.Layer):
     each wrapped in a residual connection with layer normalisation (section 3.1).
 
     Args: as EncoderLayer (d_model, num_heads, d_ff, key_dim, value_dim, dropout,
-      attention_dropout, pre_norm).
+      attention_dropout, pre_norm, activation, epsilon).
 
     Call: x [batch, tgt_len, d_model], encoder_output [batch, src_len, d_model],
       self_attention_mask bool [1, 1, tgt_len, tgt_len] (causal),
@@ -39,24 +39,26 @@ class DecoderLayer(keras.layers.Layer):
     """
 
     def __init__(self, d_model, num_heads, d_ff, key_dim=None, value_dim=None, dropout=0.1,
-                 attention_dropout=0.0, pre_norm=False, **kwargs):
+                 attention_dropout=0.0, pre_norm=False, activation="relu", epsilon=1e-6,
+                 **kwargs):
         super().__init__(**kwargs)
         self.d_model, self.num_heads, self.d_ff = d_model, num_heads, d_ff
         self.key_dim, self.value_dim = key_dim, value_dim
         self.dropout, self.attention_dropout = dropout, attention_dropout
         self.pre_norm = pre_norm
+        self.activation, self.epsilon = activation, epsilon
         policy = dict(dtype=self.dtype_policy)
         self.self_attention = MultiHeadAttention(num_heads, d_model, key_dim, value_dim,
                                                  attention_dropout, name="self_attention",
                                                  **policy)
-        self.self_attention_residual = Residual(dropout, pre_norm, **policy)
+        self.self_attention_residual = Residual(dropout, pre_norm, epsilon, **policy)
         self.cross_attention = MultiHeadAttention(num_heads, d_model, key_dim, value_dim,
                                                   attention_dropout, name="cross_attention",
                                                   **policy)
-        self.cross_attention_residual = Residual(dropout, pre_norm, **policy)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, name="feed_forward",
-                                                    **policy)
-        self.feed_forward_residual = Residual(dropout, pre_norm, **policy)
+        self.cross_attention_residual = Residual(dropout, pre_norm, epsilon, **policy)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation,
+                                                    name="feed_forward", **policy)
+        self.feed_forward_residual = Residual(dropout, pre_norm, epsilon, **policy)
 
     def build(self, x_shape, encoder_output_shape, self_attention_mask_shape=None,
               cross_attention_mask_shape=None):
@@ -161,7 +163,7 @@ class DecoderLayer(keras.layers.Layer):
         return {**super().get_config(), "d_model": self.d_model, "num_heads": self.num_heads,
                 "d_ff": self.d_ff, "key_dim": self.key_dim, "value_dim": self.value_dim,
                 "dropout": self.dropout, "attention_dropout": self.attention_dropout,
-                "pre_norm": self.pre_norm}
+                "pre_norm": self.pre_norm, "activation": self.activation, "epsilon": self.epsilon}
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

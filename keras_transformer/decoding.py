@@ -55,7 +55,8 @@ class DecodeResult(NamedTuple):
         length of 1, a vocabulary of fewer than beam + 3 tokens) the extra slots are
         empty: ids all 0, score and log-prob -inf, length 0.
       log_probs: float32 [batch, beam], the raw log P(ids | source) (natural log,
-        EOS included), what `sequence_log_probs` recomputes and reranking needs.
+        EOS included, but for an EOS forced at the maximum length, which scores 0), what
+        `sequence_log_probs` recomputes (without that EOS) and reranking needs.
       lengths: int32 [batch, beam], tokens in each hypothesis, EOS included.
     """
 
@@ -293,12 +294,16 @@ def _allowed(log_probs, length, max_lengths):
     """Log-probs [..., vocab] with -inf for the tokens an output may not hold at `length`.
 
     length counts EOS. Never PAD or BOS, and only EOS once a sentence reaches its
-    max_lengths (broadcast to log_probs[..., :1]). The other tokens keep the model's
-    log-probs, so scores stay true log-probabilities."""
+    max_lengths (broadcast to log_probs[..., :1]): that EOS is forced, not the model's
+    choice, so it scores 0, as Hugging Face's generation (forced_eos_token_id) and
+    CTranslate2 (which ends there without EOS) score it, and a search ranks the outputs cut
+    at the limit as they do. The other tokens keep the model's log-probs, so scores stay
+    true log-probabilities."""
     token = tf.range(tf.shape(log_probs)[-1])
     allowed = (token != PAD_ID) & (token != BOS_ID)
-    allowed = tf.where(length >= max_lengths, token == EOS_ID, allowed)
-    return tf.where(allowed, log_probs, float("-inf"))
+    at_max = length >= max_lengths
+    allowed = tf.where(at_max, token == EOS_ID, allowed)
+    return tf.where(allowed, tf.where(at_max, 0.0, log_probs), float("-inf"))
 
 
 def write_tokens(seqs, position, tokens):

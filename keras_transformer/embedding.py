@@ -18,6 +18,8 @@ class SharedEmbedding(keras.layers.Layer):
     Args:
       vocab_size: rows of the matrix (about 37000 shared BPE pieces for WMT en-de).
       d_model: columns of the matrix.
+      output_bias: add a trained bias [vocab_size] to the logits (Marian's models have
+        one; the paper's projection has none). Defaults to False.
 
     Example:
 
@@ -29,10 +31,11 @@ class SharedEmbedding(keras.layers.Layer):
     ((1, 3, 16), (1, 3, 100))
     """
 
-    def __init__(self, vocab_size, d_model, **kwargs):
+    def __init__(self, vocab_size, d_model, output_bias=False, **kwargs):
         super().__init__(**kwargs)
         self.vocab_size = vocab_size
         self.d_model = d_model
+        self.output_bias = output_bias
 
     def build(self, input_shape=None):
         # N(0, d_model^-1/2) makes the scaled embeddings unit-variance, like the
@@ -40,6 +43,9 @@ class SharedEmbedding(keras.layers.Layer):
         self.embeddings = self.add_weight(
             name="embeddings", shape=(self.vocab_size, self.d_model),
             initializer=keras.initializers.RandomNormal(stddev=self.d_model ** -0.5))
+        if self.output_bias:
+            self.bias = self.add_weight(name="bias", shape=(self.vocab_size,),
+                                        initializer="zeros")
         self.built = True
 
     def call(self, ids):
@@ -47,8 +53,14 @@ class SharedEmbedding(keras.layers.Layer):
                                                                self.compute_dtype)
 
     def logits(self, x):
-        """Pre-softmax projection x W^T; float32 logits [..., vocab_size]."""
-        return ops.cast(ops.matmul(x, ops.transpose(self.matrix())), "float32")
+        """Pre-softmax projection x W^T (+ the output bias); float32 logits
+        [..., vocab_size]."""
+        logits = ops.cast(ops.matmul(x, ops.transpose(self.matrix())), "float32")
+        return logits if not self.output_bias else logits + self.logits_bias()
+
+    def logits_bias(self):
+        """The output bias, float32 [vocab_size], or None without one."""
+        return ops.cast(self.bias, "float32") if self.output_bias else None
 
     def matrix(self):
         """W [vocab_size, d_model] in the compute dtype (the embedding's rows; what
@@ -61,20 +73,24 @@ class SharedEmbedding(keras.layers.Layer):
 
         - in float32, "projection", its transpose [d_model, vocab_size], made once: in
           float32 a matmul with it is faster at every step than one with transpose_b
-          (docs/performance-notes.md, "Ranking the vocabulary in two passes"); or
-        - in other compute dtypes, "zero_bias" [vocab_size], zeros added to the logits.
-          The projection has no bias (section 3.4), but a matmul followed by a bias is
-          what TensorFlow hands to oneDNN's fused matmul, and that kernel keeps the
-          matrix in its own bfloat16 layout from one step to the next when serving runs
-          with TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1; the plain matmul lays it out again at
+          (docs/performance-notes.md, "Ranking the vocabulary in two passes"), and
+          "bias" [vocab_size] when there is an output bias; or
+        - in other compute dtypes, "bias" [vocab_size], the output bias or, without one,
+          zeros. The paper's projection has no bias (section 3.4), but a matmul followed
+          by a bias is what TensorFlow hands to oneDNN's fused matmul, and that kernel
+          keeps the matrix in its own bfloat16 layout from one step to the next when
+          serving runs with TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1; the plain matmul lays it out again at
           every step (docs/performance-notes.md, "The projection's copy and the head
           splits"). The matrix is read with transpose_b: in bfloat16 oneDNN does that as
           fast, and it skips the transposed copy.
         """
         matrix = tf.cast(tf.convert_to_tensor(self.embeddings), self.compute_dtype)
+        bias = (tf.cast(tf.convert_to_tensor(self.bias), self.compute_dtype)
+                if self.output_bias else None)
         if matrix.dtype == tf.float32:
-            return {"matrix": matrix, "projection": tf.transpose(matrix)}
-        return {"matrix": matrix, "zero_bias": tf.zeros_like(matrix[:, 0])}
+            weights = {"matrix": matrix, "projection": tf.transpose(matrix)}
+            return weights if bias is None else {**weights, "bias": bias}
+        return {"matrix": matrix, "bias": tf.zeros_like(matrix[:, 0]) if bias is None else bias}
 
     def step(self, ids, weights):
         """`call` in incremental decoding: ids int [rows] -> [rows, d_model]."""
@@ -84,12 +100,16 @@ class SharedEmbedding(keras.layers.Layer):
     def step_logits(self, x, weights):
         """`logits` in incremental decoding: [rows, d_model] -> float32 [rows, vocab_size]."""
         if "projection" in weights:
-            return tf.cast(tf.matmul(x, weights["projection"]), tf.float32)
-        logits = tf.matmul(x, weights["matrix"], transpose_b=True)
-        return tf.cast(tf.nn.bias_add(logits, weights["zero_bias"]), tf.float32)
+            logits = tf.matmul(x, weights["projection"])
+        else:
+            logits = tf.matmul(x, weights["matrix"], transpose_b=True)
+        if "bias" in weights:
+            logits = tf.nn.bias_add(logits, weights["bias"])
+        return tf.cast(logits, tf.float32)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.d_model,)
 
     def get_config(self):
-        return {**super().get_config(), "vocab_size": self.vocab_size, "d_model": self.d_model}
+        return {**super().get_config(), "vocab_size": self.vocab_size, "d_model": self.d_model,
+                "output_bias": self.output_bias}

@@ -24,6 +24,8 @@ class EncoderLayer(keras.layers.Layer):
         Defaults to 0.0.
       pre_norm: pre-norm residual blocks instead of the paper's post-norm. Defaults to
         False.
+      activation: the feed-forward network's, "relu" (the paper's), "swish" or "gelu".
+      epsilon: every layer norm's epsilon. Defaults to 1e-6.
 
     Call: x [batch, src_len, d_model], attention_mask bool [batch, 1, 1, src_len]
       -> [batch, src_len, d_model] (plus self-attention weights
@@ -43,20 +45,22 @@ class EncoderLayer(keras.layers.Layer):
     """
 
     def __init__(self, d_model, num_heads, d_ff, key_dim=None, value_dim=None, dropout=0.1,
-                 attention_dropout=0.0, pre_norm=False, **kwargs):
+                 attention_dropout=0.0, pre_norm=False, activation="relu", epsilon=1e-6,
+                 **kwargs):
         super().__init__(**kwargs)
         self.d_model, self.num_heads, self.d_ff = d_model, num_heads, d_ff
         self.key_dim, self.value_dim = key_dim, value_dim
         self.dropout, self.attention_dropout = dropout, attention_dropout
         self.pre_norm = pre_norm
+        self.activation, self.epsilon = activation, epsilon
         policy = dict(dtype=self.dtype_policy)
         self.self_attention = MultiHeadAttention(num_heads, d_model, key_dim, value_dim,
                                                  attention_dropout, name="self_attention",
                                                  **policy)
-        self.self_attention_residual = Residual(dropout, pre_norm, **policy)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, name="feed_forward",
-                                                    **policy)
-        self.feed_forward_residual = Residual(dropout, pre_norm, **policy)
+        self.self_attention_residual = Residual(dropout, pre_norm, epsilon, **policy)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation,
+                                                    name="feed_forward", **policy)
+        self.feed_forward_residual = Residual(dropout, pre_norm, epsilon, **policy)
 
     def build(self, x_shape, attention_mask_shape=None):
         for layer in (self.self_attention, self.self_attention_residual, self.feed_forward,
@@ -81,7 +85,7 @@ class EncoderLayer(keras.layers.Layer):
         return {**super().get_config(), "d_model": self.d_model, "num_heads": self.num_heads,
                 "d_ff": self.d_ff, "key_dim": self.key_dim, "value_dim": self.value_dim,
                 "dropout": self.dropout, "attention_dropout": self.attention_dropout,
-                "pre_norm": self.pre_norm}
+                "pre_norm": self.pre_norm, "activation": self.activation, "epsilon": self.epsilon}
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

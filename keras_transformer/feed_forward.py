@@ -3,6 +3,12 @@
 import keras
 import tensorflow as tf
 
+from keras_transformer.config import ACTIVATIONS
+
+# The function of each of ACTIVATIONS' names.
+_FUNCTIONS = {"relu": tf.nn.relu, "swish": tf.nn.silu,
+              "gelu": lambda x: tf.nn.gelu(x, approximate=False)}
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class PositionwiseFeedForward(keras.layers.Layer):
@@ -11,6 +17,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
     Args:
       d_model: input and output width (512 in the base model).
       d_ff: inner width (2048 in the base model).
+      activation: "relu" (the paper's max(0, .)), "swish" or "gelu" (see ACTIVATIONS).
 
     Call: [batch, length, d_model] -> [batch, length, d_model].
 
@@ -22,12 +29,14 @@ class PositionwiseFeedForward(keras.layers.Layer):
     (2, 5, 64)
     """
 
-    def __init__(self, d_model, d_ff, **kwargs):
+    def __init__(self, d_model, d_ff, activation="relu", **kwargs):
         super().__init__(**kwargs)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         self.d_model = d_model
         self.d_ff = d_ff
-        self.inner = keras.layers.Dense(d_ff, activation="relu", name="inner",
-                                        dtype=self.dtype_policy)
+        self.activation = activation
+        self.inner = keras.layers.Dense(d_ff, name="inner", dtype=self.dtype_policy)
         self.outer = keras.layers.Dense(d_model, name="outer", dtype=self.dtype_policy)
 
     def build(self, input_shape):
@@ -36,7 +45,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.built = True
 
     def call(self, x):
-        return self.outer(self.inner(x))
+        return self.outer(_FUNCTIONS[self.activation](self.inner(x)))
 
     def step_weights(self):
         """(W_1, b_1, W_2, b_2) in the compute dtype, read once per decoding search."""
@@ -46,13 +55,14 @@ class PositionwiseFeedForward(keras.layers.Layer):
 
     def step(self, x, weights):
         """`call` in incremental decoding, on plain tensors: [rows, d_model] ->
-        [rows, d_model] (one fused MatMul + BiasAdd (+ ReLU) per projection)."""
+        [rows, d_model] (one fused MatMul + BiasAdd (+ activation) per projection)."""
         w_1, b_1, w_2, b_2 = weights
-        inner = tf.nn.relu(tf.nn.bias_add(tf.matmul(x, w_1), b_1))
+        inner = _FUNCTIONS[self.activation](tf.nn.bias_add(tf.matmul(x, w_1), b_1))
         return tf.nn.bias_add(tf.matmul(inner, w_2), b_2)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.d_model,)
 
     def get_config(self):
-        return {**super().get_config(), "d_model": self.d_model, "d_ff": self.d_ff}
+        return {**super().get_config(), "d_model": self.d_model, "d_ff": self.d_ff,
+                "activation": self.activation}

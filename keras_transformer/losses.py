@@ -74,9 +74,10 @@ def label_smoothed_cross_entropy(labels, logits, label_smoothing=0.1):
     return loss_sum(logits), tf.reduce_sum(mask)
 
 
-def projected_label_smoothed_cross_entropy(labels, outputs, embeddings, label_smoothing=0.1):
-    """`label_smoothed_cross_entropy(labels, outputs embeddings^T)` with the pre-softmax
-    projection inside, for training: the gradient never builds [tokens, vocab].
+def projected_label_smoothed_cross_entropy(labels, outputs, embeddings, label_smoothing=0.1,
+                                           bias=None):
+    """`label_smoothed_cross_entropy(labels, outputs embeddings^T + bias)` with the
+    pre-softmax projection inside, for training: the gradient never builds [tokens, vocab].
 
     The logits' gradient is G = w (p - eps / vocab) - (1 - eps) w one_hot(label), w the
     upstream gradient at non-padding tokens. Its two products are taken term by term,
@@ -84,6 +85,7 @@ def projected_label_smoothed_cross_entropy(labels, outputs, embeddings, label_sm
       d outputs    = w * (p E - eps / vocab * sum_v E_v - (1 - eps) * E[label]),
       d embeddings = p^T (w * outputs) - eps / vocab * sum_t w_t outputs_t
                      - (1 - eps) * (w * outputs) scattered to the label rows,
+      d bias       = p^T w - eps / vocab * sum_t w_t - (1 - eps) * w scattered to the labels,
 
     so the only [tokens, vocab] tensors are the logits and p (kept from the forward pass,
     in the compute dtype): the passes that made G (the one-hot scatter, the products by w,
@@ -95,6 +97,7 @@ def projected_label_smoothed_cross_entropy(labels, outputs, embeddings, label_sm
         project=False)), in the compute dtype.
       embeddings: [vocab, d_model], the shared embedding matrix in the compute dtype.
       label_smoothing: eps_ls.
+      bias: float32 [vocab], the output bias (SharedEmbedding.logits_bias()), or None.
     Returns:
       (loss_sum float32 [], num_tokens float32 [], correct_tokens float32 []): the last
       counts the non-padding tokens whose label has the highest logit, as
@@ -103,10 +106,11 @@ def projected_label_smoothed_cross_entropy(labels, outputs, embeddings, label_sm
     labels = tf.cast(labels, tf.int32)
     mask = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)  # [tokens]
 
-    @tf.custom_gradient
-    def loss_sum(outputs, embeddings):
+    def forward(outputs, embeddings, bias):
         dtype = outputs.dtype
         x = tf.cast(tf.matmul(outputs, embeddings, transpose_b=True), tf.float32)
+        if bias is not None:
+            x = x + bias
         loss, probs, label_logits, max_logits = _smoothed_terms(x, labels, label_smoothing)
         probs = tf.cast(probs, dtype)
         correct = tf.reduce_sum(tf.where(label_logits >= max_logits, mask, 0.0))
@@ -125,12 +129,24 @@ def projected_label_smoothed_cross_entropy(labels, outputs, embeddings, label_sm
                             - uniform * tf.reduce_sum(masked32, axis=0))
             d_embeddings = tf.tensor_scatter_nd_sub(d_embeddings, labels[:, None],
                                                     (1.0 - label_smoothing) * masked32)
-            return (tf.cast(d_outputs * (upstream * mask)[:, None], dtype),
-                    tf.cast(d_embeddings * upstream, embeddings.dtype))
+            grads = (tf.cast(d_outputs * (upstream * mask)[:, None], dtype),
+                     tf.cast(d_embeddings * upstream, embeddings.dtype))
+            if bias is None:
+                return grads
+            weight = upstream * mask  # [tokens]
+            d_bias = (tf.cast(tf.linalg.matvec(probs, tf.cast(weight, dtype), transpose_a=True),
+                              tf.float32) - uniform * tf.reduce_sum(weight))
+            d_bias = tf.tensor_scatter_nd_sub(d_bias, labels[:, None],
+                                              (1.0 - label_smoothing) * weight)
+            return grads + (d_bias,)
 
         return (tf.reduce_sum(loss * mask), correct), gradient
 
-    loss, correct = loss_sum(outputs, embeddings)
+    if bias is None:
+        loss, correct = tf.custom_gradient(lambda o, e: forward(o, e, None))(outputs, embeddings)
+    else:
+        loss, correct = tf.custom_gradient(forward)(outputs, embeddings,
+                                                    tf.cast(bias, tf.float32))
     return loss, tf.reduce_sum(mask), correct
 
 

@@ -18,6 +18,7 @@ class Residual(keras.layers.Layer):
         to 0.1, the base model's.
       pre_norm: normalise the sublayer's input instead of the sum. Defaults to False,
         the paper's post-norm.
+      epsilon: the layer norm's epsilon, added to the variance. Defaults to 1e-6.
 
     Call: x, sublayer_output [batch, length, d_model] -> [batch, length, d_model].
 
@@ -31,12 +32,12 @@ class Residual(keras.layers.Layer):
     (2, 5, 64)
     """
 
-    def __init__(self, dropout=0.1, pre_norm=False, **kwargs):
+    def __init__(self, dropout=0.1, pre_norm=False, epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)
         self.dropout = dropout
         self.pre_norm = pre_norm
         self.dropout_layer = Dropout(dropout, dtype=self.dtype_policy)
-        self.layer_norm = LayerNormalization(epsilon=1e-6, name="layer_norm",
+        self.layer_norm = LayerNormalization(epsilon=epsilon, name="layer_norm",
                                                           dtype=self.dtype_policy)
 
     def build(self, x_shape, sublayer_output_shape=None):
@@ -70,4 +71,5 @@ class Residual(keras.layers.Layer):
         return x_shape
 
     def get_config(self):
-        return {**super().get_config(), "dropout": self.dropout, "pre_norm": self.pre_norm}
+        return {**super().get_config(), "dropout": self.dropout, "pre_norm": self.pre_norm,
+                "epsilon": self.layer_norm.epsilon}

@@ -16,17 +16,19 @@ class LayerStack(keras.layers.Layer):
     layer_class = None
 
     def __init__(self, num_layers, d_model, num_heads, d_ff, key_dim=None, value_dim=None,
-                 dropout=0.1, attention_dropout=0.0, pre_norm=False, **kwargs):
+                 dropout=0.1, attention_dropout=0.0, pre_norm=False, activation="relu",
+                 epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)
         self.layer_args = dict(d_model=d_model, num_heads=num_heads, d_ff=d_ff, key_dim=key_dim,
                                value_dim=value_dim, dropout=dropout,
-                               attention_dropout=attention_dropout, pre_norm=pre_norm)
+                               attention_dropout=attention_dropout, pre_norm=pre_norm,
+                               activation=activation, epsilon=epsilon)
         self.num_layers = num_layers
         # Named attributes, not a list: tf.train.Checkpoint does not track Keras 3 lists.
         for i in range(num_layers):
             setattr(self, f"layer_{i}", self.layer_class(**self.layer_args, name=f"layer_{i}",
                                                          dtype=self.dtype_policy))
-        self.final_norm = (LayerNormalization(epsilon=1e-6, name="final_norm",
+        self.final_norm = (LayerNormalization(epsilon=epsilon, name="final_norm",
                                                            dtype=self.dtype_policy)
                            if pre_norm else None)
 

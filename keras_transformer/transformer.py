@@ -73,16 +73,17 @@ class Transformer(keras.Model):
         stack = dict(num_layers=config.num_layers, d_model=config.d_model,
                      num_heads=config.num_heads, d_ff=config.d_ff, key_dim=config.key_dim,
                      value_dim=config.value_dim, dropout=config.dropout,
-                     attention_dropout=config.attention_dropout, pre_norm=config.pre_norm)
+                     attention_dropout=config.attention_dropout, pre_norm=config.pre_norm,
+                     activation=config.activation, epsilon=config.layer_norm_epsilon)
         # The target embedding is always the pre-softmax matrix; the source shares it
         # unless share_embeddings is False.
-        self.embedding = SharedEmbedding(config.vocab_size, config.d_model, name="embedding",
-                                         **policy)
+        self.embedding = SharedEmbedding(config.vocab_size, config.d_model, config.output_bias,
+                                         name="embedding", **policy)
         self.source_embedding = (None if config.share_embeddings else
                                  SharedEmbedding(config.input_vocab_size, config.d_model,
                                                  name="source_embedding", **policy))
         positional = dict(d_model=config.d_model, max_length=config.max_length,
-                          kind=config.positional, **policy)
+                          kind=config.positional, layout=config.sinusoid_layout, **policy)
         self.source_positions = PositionalEncoding(name="source_positions", **positional)
         self.target_positions = PositionalEncoding(name="target_positions", **positional)
         self.source_dropout_layer = Dropout(config.dropout, **policy)

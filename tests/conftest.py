@@ -218,12 +218,18 @@ def decode(search, model, source_ids, **kwargs):
     return tf.nest.map_structure(lambda t: t.numpy(), _TRACED[key](source_ids))
 
 
-def recomputed_log_probs(model, source_ids, result):
-    """sequence_log_probs of every returned hypothesis, [batch, beam]."""
+def recomputed_log_probs(model, source_ids, result, extra_length=50):
+    """sequence_log_probs of every returned hypothesis, [batch, beam], without the EOS a
+    search forces at a hypothesis' maximum length (it scores 0)."""
     batch, beam, width = result.ids.shape
+    max_lengths = np.minimum(np.count_nonzero(source_ids, axis=1) + extra_length,
+                             model.config.max_length - 1)
+    ids = result.ids.copy()
+    rows, hypotheses = np.nonzero(result.lengths == max_lengths[:, None])
+    ids[rows, hypotheses, result.lengths[rows, hypotheses] - 1] = 0
     log_probs = tf.function(lambda s, t: sequence_log_probs(model, s, t),
                             input_signature=ANY_IDS * 2)(
-        np.repeat(source_ids, beam, axis=0), result.ids.reshape(batch * beam, width))
+        np.repeat(source_ids, beam, axis=0), ids.reshape(batch * beam, width))
     return log_probs.numpy().reshape(batch, beam)
 
 
@@ -243,7 +249,9 @@ def exhaustive_beam_search(next_log_probs, source, beam_size, alpha, max_length,
         log_softmax = next_log_probs(prefixes, np.repeat(source[None], len(live), 0))
         log_softmax = log_softmax.numpy()[:, -1]
         allowed = [EOS_ID] if length == max_length else [1] + list(range(EOS_ID, VOCAB))
-        candidates = sorted(((ids + (token,), log_prob + row[token])
+        # At max_length, EOS is forced and scores 0.
+        candidates = sorted(((ids + (token,), log_prob + (row[token] if length < max_length
+                                                           else 0.0))
                              for (ids, log_prob), row in zip(live, log_softmax)
                              for token in allowed), key=lambda c: -c[1])[:2 * beam_size]
         finished += [(ids[1:], log_prob / ((5 + length) / 6) ** alpha)

@@ -144,38 +144,43 @@ def test_dropout_gradient_is_its_mask_times_the_scale():
     assert set(np.unique(gradient)) == {0.0, scale}
 
 
-@pytest.mark.parametrize("eps", [0.0, 0.1])
-def test_projected_loss_and_its_gradients_equal_the_loss_of_the_projection(eps):
-    # The trainer's loss takes the decoder output and the embedding matrix; its loss,
-    # token count, correct tokens and both gradients are those of the logits' loss.
+@pytest.mark.parametrize("eps, with_bias", [(0.0, False), (0.1, False), (0.1, True)])
+def test_projected_loss_and_its_gradients_equal_the_loss_of_the_projection(eps, with_bias):
+    # The trainer's loss takes the decoder output, the embedding matrix and the output
+    # bias (if any); its loss, token count, correct tokens and gradients are those of the
+    # logits' loss.
     rng = np.random.default_rng(5)
     outputs = tf.Variable(rng.normal(size=(30, 16)).astype("float32"))
     embeddings = tf.Variable((rng.normal(size=(40, 16)) / 2).astype("float32"))
+    bias = tf.Variable(rng.normal(size=40).astype("float32") if with_bias
+                       else np.zeros(40, "float32"))
     labels = rng.integers(1, 40, size=30).astype("int32")
     labels[[3, 11, 29]] = PAD_ID
     labels[7] = labels[8] = labels[9]  # repeated labels: the embedding gradient adds up
-    top = tf.argmax(tf.matmul(outputs, embeddings, transpose_b=True), -1).numpy()
+    top = tf.argmax(tf.matmul(outputs, embeddings, transpose_b=True) + bias, -1).numpy()
     hits = [t for t in (0, 1, 2, 4, 5, 6) if top[t] != PAD_ID]
     labels[hits] = top[hits]  # certain hits
+    variables = [outputs, embeddings] + ([bias] if with_bias else [])
     results = []
     for projected in (True, False):
         with tf.GradientTape() as tape:
             if projected:
                 loss, tokens, correct = projected_label_smoothed_cross_entropy(
-                    labels, outputs, embeddings, eps)
+                    labels, outputs, embeddings, eps, bias=bias if with_bias else None)
             else:
-                logits = tf.matmul(outputs, embeddings, transpose_b=True)
+                logits = tf.matmul(outputs, embeddings, transpose_b=True) + bias
                 loss, tokens = label_smoothed_cross_entropy(labels, logits, eps)
                 correct = correct_tokens(labels, logits)
             scaled = 3.0 * loss  # an upstream gradient other than 1
-        results.append((loss, tokens, correct, *tape.gradient(scaled, [outputs, embeddings])))
-    (loss, tokens, correct, d_outputs, d_embeddings), expected = results
-    np.testing.assert_allclose(loss, expected[0], rtol=1e-5)
-    assert float(tokens) == float(expected[1]) == 27
-    assert float(correct) == float(expected[2]) >= len(hits) >= 3
-    np.testing.assert_allclose(d_outputs, expected[3], atol=1e-5)
-    np.testing.assert_allclose(d_embeddings, expected[4], atol=1e-5)
-    assert not np.any(d_outputs.numpy()[[3, 11, 29]])  # padding gets no gradient
+        results.append((loss, tokens, correct, *tape.gradient(scaled, variables)))
+    (loss, tokens, correct, *gradients), (expected_loss, expected_tokens, expected_correct,
+                                          *expected_gradients) = results
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-5)
+    assert float(tokens) == float(expected_tokens) == 27
+    assert float(correct) == float(expected_correct) >= len(hits) >= 3
+    for got, expected in zip(gradients, expected_gradients):
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert not np.any(gradients[0].numpy()[[3, 11, 29]])  # padding gets no gradient
 
 
 def test_projected_loss_gradients_come_in_the_compute_dtype_under_a_loss_scale():

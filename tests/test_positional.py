@@ -17,6 +17,21 @@ def test_sinusoids_equal_the_formula_element_by_element():
             assert math.isclose(got[pos, 2 * i + 1], math.cos(angle), abs_tol=1e-5)
 
 
+def test_the_concatenated_layout_puts_every_sine_before_every_cosine():
+    """Marian's (OPUS-MT's) layout: the same values, column 2i's sine in column i and
+    column 2i + 1's cosine in column d_model / 2 + i; a layer with that layout adds it."""
+    length, d_model = 20, 16
+    interleaved = np.asarray(positional_encoding(length, d_model))
+    concatenated = np.asarray(positional_encoding(length, d_model, layout="concatenated"))
+    np.testing.assert_array_equal(concatenated[:, :d_model // 2], interleaved[:, 0::2])
+    np.testing.assert_array_equal(concatenated[:, d_model // 2:], interleaved[:, 1::2])
+    layer = PositionalEncoding(d_model=d_model, max_length=32, layout="concatenated")
+    np.testing.assert_allclose(layer(np.zeros((1, length, d_model), "float32"))[0],
+                               concatenated, atol=1e-6)
+    np.testing.assert_allclose(layer(np.zeros((1, 1, d_model), "float32"), start=7)[0, 0],
+                               concatenated[7], atol=1e-6)
+
+
 def test_offset_encoding_matches_the_full_table():
     """Incremental decoding adds PE[start] to a single position."""
     layer = PositionalEncoding(d_model=8, max_length=32)

@@ -108,7 +108,7 @@ class Updater:
                     (source_ids, target_input_ids), training=True, project=False)
                 loss_sum, tokens, correct = projected_label_smoothed_cross_entropy(
                     packing.pack(target_output_ids), outputs, self.model.embedding.matrix(),
-                    label_smoothing)
+                    label_smoothing, bias=self.model.embedding.logits_bias())
             scaled = (self.optimizer.scale_loss(loss_sum) if self.loss_scaled
                       else loss_sum)
         grads = tape.gradient(scaled, self.model.trainable_variables)
