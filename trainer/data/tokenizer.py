@@ -20,14 +20,23 @@ becomes its UTF-8 bytes instead of <unk>, so nothing else is lost.
 Files in the model directory: `spm.model` for a shared vocabulary, or
 `spm_source.model` and `spm_target.model` for separate ones. An existing file is
 loaded, never retrained, so a resumed run tokenizes exactly as before.
+
+A converted model (trainer.convert, e.g. from OPUS-MT) keeps its own SentencePiece
+models, which segment but do not number: `vocabulary.json` beside them lists the model's
+pieces in id order, for the source and the target, and a piece the list lacks is UNK.
+A leading target-language code of a multilingual model (">>fra<<") is one piece, as in
+Hugging Face's MarianTokenizer.
 """
 
 import dataclasses
 import hashlib
 import io
+import json
 import os
-from typing import Callable, Iterable, Optional, Sequence, Tuple
+import re
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
+import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tf_text
@@ -45,6 +54,11 @@ _FIXED_PIECES = 4 + 256
 SHARED_MODEL = "spm.model"
 SOURCE_MODEL = "spm_source.model"
 TARGET_MODEL = "spm_target.model"
+VOCABULARY = "vocabulary.json"
+# The pieces a vocabulary's first ids hold (keras_transformer.special_ids).
+SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")
+# A multilingual Marian model's target-language piece, written first in the input.
+LANGUAGE_CODE = re.compile(">>.*<<")
 
 
 class VocabularyError(ValueError):
@@ -141,9 +155,15 @@ class Tokenizer(tf.Module):
     Args:
       model_proto: serialized SentencePiece model with the project's special ids.
       path: where the model was read from or written to (for reports), if anywhere.
+      vocabulary: the model's pieces in id order, SPECIAL_PIECES first, when they are not
+        the SentencePiece model's own (a converted model): the SentencePiece model then
+        only segments, a piece outside the vocabulary is UNK, and text is the pieces
+        joined, "▁" read as a space, without UNK (as Hugging Face's MarianTokenizer
+        decodes).
     """
 
-    def __init__(self, model_proto: bytes, path: Optional[str] = None):
+    def __init__(self, model_proto: bytes, path: Optional[str] = None,
+                 vocabulary: Optional[Sequence[str]] = None):
         super().__init__(name="tokenizer")
         try:
             processor = spm.SentencePieceProcessor(model_proto=model_proto)
@@ -153,20 +173,39 @@ class Tokenizer(tf.Module):
                                   f"({reason}); restore it from a copy, or use another "
                                   "model directory") from None
         ids = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
-        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+        if vocabulary is None and ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
             raise VocabularyError(
                 f"SentencePiece model {path or '<bytes>'} has pad/unk/bos/eos ids {ids}, "
                 f"expected {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}")
+        own = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+        if vocabulary is not None and tuple(vocabulary[:len(SPECIAL_PIECES)]) != SPECIAL_PIECES:
+            raise VocabularyError(f"the vocabulary of {path or '<bytes>'} starts with "
+                                  f"{list(vocabulary[:4])}, not {list(SPECIAL_PIECES)}")
         self.model_proto = model_proto
         self.path = path
-        self.vocab_size = processor.get_piece_size()
+        # Arrays, not lists: a tf.Module would track a list's every string.
+        self._vocabulary = None if vocabulary is None else np.array(vocabulary, object)
+        self.vocab_size = len(own if vocabulary is None else vocabulary)
         self._sentencepiece = tf_text.SentencepieceTokenizer(model=model_proto, out_type=tf.int32)
         self._sentencepiece._model_resource = _SharedSentencepieceModel(model_proto)
+        self._own_pieces = np.array(own, object)
+        if vocabulary is not None:
+            index = {piece: i for i, piece in enumerate(vocabulary)}
+            # [SentencePiece ids] -> the model's ids; [model ids] -> pieces.
+            self._model_ids = tf.constant([index.get(piece, UNK_ID) for piece in own], tf.int32)
+            self._pieces = tf.constant(list(vocabulary))
+            codes = [piece for piece in vocabulary if LANGUAGE_CODE.fullmatch(piece)]
+            self._codes = tf.constant(codes or [""], tf.string)
+            self._code_ids = tf.constant([index[c] for c in codes] or [UNK_ID], tf.int32)
 
+    @property
+    def vocabulary(self) -> Optional[List[str]]:
+        """The model's pieces when they are not the SentencePiece model's own, else None."""
+        return None if self._vocabulary is None else self._vocabulary.tolist()
     @classmethod
-    def from_file(cls, path: str) -> "Tokenizer":
+    def from_file(cls, path: str, vocabulary: Optional[Sequence[str]] = None) -> "Tokenizer":
         with tf.io.gfile.GFile(path, "rb") as f:
-            return cls(f.read(), path)
+            return cls(f.read(), path, vocabulary)
 
     def save(self, path: str):
         """Writes the model bytes to `path` atomically (a crash leaves no half file)."""
@@ -183,19 +222,53 @@ class Tokenizer(tf.Module):
           et al. 2020), sampling over all segmentations for a unigram one (Kudo 2018).
           SentencePiece draws from its own generator, so sampled ids are not seeded.
         """
+        if self._vocabulary is not None:
+            # A leading language code (">>fra<<") is one piece, not SentencePiece's to cut.
+            strings, codes = self._split_language_code(strings)
         if not sampling:
-            return self._sentencepiece.tokenize(strings)
-        # The op the tf_text tokenizer runs, with its sampling inputs: no second resource
-        # (nor a second copy of the model in an export of this module).
-        values, row_splits = tf_text_sentencepiece.gen_sentencepiece_tokenizer.\
-            sentencepiece_tokenize_op(self._sentencepiece._model_resource.resource_handle,
-                                      strings, nbest_size=-1, alpha=sampling, add_bos=False,
-                                      add_eos=False, reverse=False, out_type=tf.int32)
-        return tf.RaggedTensor.from_row_splits(values, row_splits, validate=False)
+            ids = self._sentencepiece.tokenize(strings)
+        else:
+            # The op the tf_text tokenizer runs, with its sampling inputs: no second
+            # resource (nor a second copy of the model in an export of this module).
+            values, row_splits = tf_text_sentencepiece.gen_sentencepiece_tokenizer.\
+                sentencepiece_tokenize_op(self._sentencepiece._model_resource.resource_handle,
+                                          strings, nbest_size=-1, alpha=sampling,
+                                          add_bos=False, add_eos=False, reverse=False,
+                                          out_type=tf.int32)
+            ids = tf.RaggedTensor.from_row_splits(values, row_splits, validate=False)
+        if self._vocabulary is None:
+            return ids
+        ids = tf.ragged.map_flat_values(tf.gather, self._model_ids, ids)
+        return tf.concat([self._language_code_ids(codes), ids], axis=1)
+
+    def _split_language_code(self, strings):
+        """(the text after a leading ">>...<<" code, the code or "") of each string, as
+        Hugging Face's MarianTokenizer splits them: tf.string [batch] x 2."""
+        rest = tf.strings.regex_replace(strings, "^>>.*?<<", "", replace_global=False)
+        code_lengths = tf.strings.length(strings) - tf.strings.length(rest)
+        codes = tf.strings.substr(strings, tf.zeros_like(code_lengths), code_lengths)
+        return rest, codes
+
+    def _language_code_ids(self, codes):
+        """tf.string [batch] codes ("" for none) -> int32 RaggedTensor [batch, (0 or 1)]:
+        the code's id, or UNK for a code the vocabulary lacks."""
+        matches = tf.equal(codes[:, None], self._codes[None, :])  # [batch, codes]
+        found = tf.reduce_any(matches, axis=1)
+        ids = tf.gather(self._code_ids, tf.argmax(tf.cast(matches, tf.int32), axis=1))
+        ids = tf.where(found, ids, UNK_ID)
+        has_code = codes != ""
+        return tf.RaggedTensor.from_row_lengths(tf.boolean_mask(ids, has_code),
+                                                tf.cast(has_code, tf.int64))
+
+    def pieces(self) -> List[str]:
+        """The model's pieces in id order (vocab_size strings)."""
+        return (self._own_pieces if self._vocabulary is None else self._vocabulary).tolist()
 
     def id_to_piece(self, ids) -> tf.Tensor:
         """The subword string of each id: int [...] -> tf.string [...]."""
-        return self._sentencepiece.id_to_string(ids)
+        if self._vocabulary is None:
+            return self._sentencepiece.id_to_string(ids)
+        return tf.gather(self._pieces, ids)
 
     def detokenize(self, ids) -> tf.Tensor:
         """Text of each id sequence, read up to its first EOS; PAD and BOS are ignored.
@@ -208,7 +281,11 @@ class Tokenizer(tf.Module):
         ids = tf.cast(ids, tf.int32)  # [batch, length]
         before_eos = tf.math.cumsum(tf.cast(ids == EOS_ID, tf.int32), axis=1) == 0
         keep = before_eos & (ids != PAD_ID) & (ids != BOS_ID)
-        return self._sentencepiece.detokenize(tf.ragged.boolean_mask(ids, keep))
+        if self._vocabulary is None:
+            return self._sentencepiece.detokenize(tf.ragged.boolean_mask(ids, keep))
+        pieces = tf.gather(self._pieces, tf.ragged.boolean_mask(ids, keep & (ids != UNK_ID)))
+        text = tf.strings.regex_replace(tf.strings.reduce_join(pieces, axis=-1), "\u2581", " ")
+        return tf.strings.strip(text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +325,8 @@ def load_or_train(model_dir: str,
     shared_path = os.path.join(model_dir, SHARED_MODEL)
     source_path = os.path.join(model_dir, SOURCE_MODEL)
     target_path = os.path.join(model_dir, TARGET_MODEL)
+    if tf.io.gfile.exists(os.path.join(model_dir, VOCABULARY)):
+        return _checked_size(load_converted(model_dir), vocab_size)
     has_shared = tf.io.gfile.exists(shared_path)
     separate_found = [tf.io.gfile.exists(p) for p in (source_path, target_path)]
     has_separate = all(separate_found)
@@ -284,6 +363,12 @@ def load_or_train(model_dir: str,
         shared.save(shared_path)
         return Tokenizers(shared, shared)
 
+    return _checked_size(tokenizers, vocab_size)
+
+
+def _checked_size(tokenizers: Tokenizers, vocab_size: Optional[int]) -> Tokenizers:
+    """`tokenizers`, loaded from a model directory, if each has vocab_size pieces (or
+    vocab_size is None)."""
     loaded = [tokenizers.source] if tokenizers.shared else [tokenizers.source, tokenizers.target]
     for tokenizer in loaded:
         if vocab_size is not None and tokenizer.vocab_size != vocab_size:
@@ -291,3 +376,32 @@ def load_or_train(model_dir: str,
                 f"{tokenizer.path} has {tokenizer.vocab_size} pieces but vocab_size={vocab_size} "
                 "was asked for; an existing vocabulary is never retrained")
     return tokenizers
+
+
+def save_converted(model_dir: str, source_model: bytes, target_model: bytes,
+                   source_vocabulary: Sequence[str], target_vocabulary: Sequence[str]):
+    """Writes a converted model's SentencePiece models and VOCABULARY to model_dir."""
+    files.write_atomically(os.path.join(model_dir, SOURCE_MODEL), source_model)
+    files.write_atomically(os.path.join(model_dir, TARGET_MODEL), target_model)
+    vocabulary = {"source": list(source_vocabulary), "target": list(target_vocabulary)}
+    files.write_atomically(os.path.join(model_dir, VOCABULARY),
+                           json.dumps(vocabulary, ensure_ascii=False).encode("utf-8"))
+
+
+def load_converted(model_dir: str) -> Tokenizers:
+    """The tokenizers of a converted model's directory (see the module's docstring)."""
+    path = os.path.join(model_dir, VOCABULARY)
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            vocabulary = json.loads(f.read().decode("utf-8"))
+        source, target = vocabulary["source"], vocabulary["target"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise VocabularyError(f"{path} is damaged ({type(e).__name__}): restore it from a "
+                              "copy, or convert the model again") from None
+    models = [os.path.join(model_dir, name) for name in (SOURCE_MODEL, TARGET_MODEL)]
+    for model in models:
+        if not tf.io.gfile.exists(model):
+            raise VocabularyError(f"{model} is missing: {path} needs a SentencePiece model "
+                                  "for each side")
+    return Tokenizers(Tokenizer.from_file(models[0], source),
+                      Tokenizer.from_file(models[1], target))

@@ -4,18 +4,19 @@ float32 kernels (`pip install -e ".[ctranslate2]"`; OpenNMT is not needed).
 The model is described with CTranslate2's own spec API (`ctranslate2.specs.TransformerSpec`)
 and written by its `Converter`:
 
-  - post-norm residual blocks (pre_norm=False) with LayerNorm epsilon 1e-6, or pre-norm with
-    the stacks' final LayerNorm when the model was trained so;
-  - the position table passed explicitly: CTranslate2's built-in sinusoids put the sines in
-    the first half of the columns, the paper's (ours) interleave them; learned positions
-    are a table too;
+  - post-norm residual blocks (pre_norm=False), or pre-norm with the stacks' final
+    LayerNorm when the model was trained so; the config's LayerNorm epsilon and
+    feed-forward activation;
+  - the position table passed explicitly, in the model's layout (CTranslate2's built-in
+    sinusoids put the sines in the first half of the columns, the paper's interleave
+    them); learned positions are a table too;
   - the shared matrix as source embedding, target embedding and pre-softmax projection
     (separate source embedding and vocabulary when the model has them), embeddings scaled
-    by sqrt(d_model);
+    by sqrt(d_model), and the output bias when the model has one;
   - self-attention Q, K, V fused into one linear, encoder-decoder K and V into another,
     Keras kernels [in, out] transposed to CTranslate2's [out, in];
   - our EOS appended to every source, our BOS as the decoder's start token, and the
-    SentencePiece pieces as the vocabulary (pad, unk, bos, eos are ids 0-3 in both).
+    vocabulary's pieces in id order (pad, unk, bos, eos are ids 0-3 in both).
 
 The exported directory also holds the SentencePiece model(s), so a client tokenizes with
 them: see the README ("Serving with CTranslate2").
@@ -24,11 +25,10 @@ them: see the README ("Serving with CTranslate2").
 import dataclasses
 import os
 import shutil
-from typing import List
 
 import numpy as np
 
-from keras_transformer import Transformer, positional_encoding
+from keras_transformer import Transformer
 from keras_transformer.special_ids import BOS_ID, EOS_ID, UNK_ID
 from trainer.data import tokenizer as tokenizer_lib
 from trainer.model_dir.weights import WeightsChoice, final_model
@@ -88,10 +88,10 @@ def _ctranslate2():
     return ctranslate2, Converter, transformer_spec
 
 
-def _pieces(tokenizer) -> List[str]:
-    import sentencepiece as spm
-    processor = spm.SentencePieceProcessor(model_proto=tokenizer.model_proto)
-    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+def _activation(name: str):
+    from ctranslate2.specs import common_spec
+    return {"relu": common_spec.Activation.RELU, "swish": common_spec.Activation.SWISH,
+            "gelu": common_spec.Activation.GELU}[name]
 
 
 def _linear(spec, dense_layers):
@@ -127,7 +127,7 @@ def _positions(layer) -> np.ndarray:
     """[max_length, d_model]: the table row p is added at position p."""
     if layer.kind == "learned":
         return layer.position_embeddings.numpy()
-    return np.asarray(positional_encoding(layer.max_length, layer.d_model), np.float32)
+    return np.asarray(layer.table(layer.max_length), np.float32)
 
 
 def transformer_spec(model: Transformer, tokenizers: tokenizer_lib.Tokenizers):
@@ -142,19 +142,20 @@ def transformer_spec(model: Transformer, tokenizers: tokenizer_lib.Tokenizers):
         raise ValueError(f"CTranslate2 needs key_dim == value_dim; this model has "
                          f"{config.key_dim} and {config.value_dim}")
     shape = dict(num_layers=config.num_layers, num_heads=config.num_heads,
-                 pre_norm=config.pre_norm, head_dim=config.key_dim)
+                 pre_norm=config.pre_norm, head_dim=config.key_dim,
+                 activation=_activation(config.activation))
     encoder = specs.TransformerEncoderSpec(**shape)
     decoder = specs.TransformerDecoderSpec(**shape)
     spec = specs.TransformerSpec(encoder, decoder)
 
-    pieces = _pieces(tokenizers.target)
-    source_pieces = _pieces(tokenizers.source)
+    pieces = tokenizers.target.pieces()
+    source_pieces = tokenizers.source.pieces()
     spec.config.unk_token = pieces[UNK_ID]
     spec.config.bos_token = pieces[BOS_ID]
     spec.config.eos_token = pieces[EOS_ID]
     spec.config.decoder_start_token = pieces[BOS_ID]
     spec.config.add_source_eos = True
-    spec.config.layer_norm_epsilon = 1e-6  # keras_transformer.residual
+    spec.config.layer_norm_epsilon = config.layer_norm_epsilon
     spec.register_source_vocabulary(source_pieces)
     spec.register_target_vocabulary(pieces)
 
@@ -168,7 +169,9 @@ def transformer_spec(model: Transformer, tokenizers: tokenizer_lib.Tokenizers):
         _feed_forward(layer_spec.ffn, layer)
 
     decoder.embeddings.weight = shared
-    decoder.projection.weight = shared  # the pre-softmax projection, no bias
+    decoder.projection.weight = shared  # the pre-softmax projection
+    if config.output_bias:
+        decoder.projection.bias = model.embedding.bias.numpy()
     decoder.position_encodings.encodings = _positions(model.target_positions)
     for layer_spec, layer in zip(decoder.layer, model.decoder.layers):
         _attention(layer_spec.self_attention, layer.self_attention,
