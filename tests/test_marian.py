@@ -1,0 +1,158 @@
+"""OPUS-MT (Marian) checkpoints converted by `trainer.convert` compute what the reference
+implementations compute: tests/fixtures/marian holds small random Marian models as
+Hugging Face saves them (shared and separate vocabularies; 1, 2 and 3 layers; widths 32,
+48 and 64; swish, gelu and relu), with the outputs of Hugging Face Transformers'
+MarianMTModel and of CTranslate2's own TransformersConverter on them, made by
+make_fixtures.py there (torch is not needed here)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import REPO, _env
+from keras_transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DecodeConfig, beam_search
+from keras_transformer.decoding import greedy_search
+from trainer.conversion import marian
+from trainer.data import tokenizer as tokenizer_lib
+from trainer.model_dir import layout
+from trainer.model_dir.weights import WeightsChoice
+from trainer.serving import saved_model
+
+FIXTURES = Path(__file__).parent / "fixtures" / "marian"
+NAMES = sorted(path.name for path in FIXTURES.iterdir() if (path / "config.json").exists())
+_CONVERTED = {}
+
+
+class Converted:
+    """A fixture converted into a model directory, with its reference outputs."""
+
+    def __init__(self, name, root):
+        self.input = FIXTURES / name
+        self.model_dir = root / name
+        marian.convert(str(self.input), str(self.model_dir))
+        self.reference = json.loads((self.input / "reference.json").read_text("utf-8"))
+        self.model = layout.restore_model(str(self.model_dir))
+        self.tokenizers = tokenizer_lib.load_or_train(str(self.model_dir), None)
+        self.source_index = {p: i for i, p in enumerate(self.tokenizers.source.pieces())}
+        self.target_pieces = self.tokenizers.target.pieces()
+        target_vocab = self.input / ("vocab.json" if self.model.config.share_embeddings
+                                     else "target_vocab.json")
+        # The Marian id of each of our target ids (our PAD has none: -1).
+        vocab = json.loads(target_vocab.read_text("utf-8"))
+        self.marian_ids = np.array([-1, vocab["<unk>"], vocab["<pad>"], vocab["</s>"]] +
+                                   [vocab[p] for p in self.target_pieces[4:]])
+
+    def our_source_ids(self, pieces):
+        """Our source ids of the reference's source pieces (which end with </s>)."""
+        return [self.source_index.get(p, UNK_ID) for p in pieces]
+
+
+@pytest.fixture(params=NAMES)
+def converted(request, tmp_path_factory):
+    if request.param not in _CONVERTED:
+        _CONVERTED[request.param] = Converted(request.param, tmp_path_factory.mktemp("marian"))
+    return _CONVERTED[request.param]
+
+
+def padded(rows):
+    width = max(map(len, rows))
+    return tf.constant([row + [PAD_ID] * (width - len(row)) for row in rows], tf.int32)
+
+
+def test_the_converted_model_has_the_references_teacher_forced_logits(converted):
+    arrays = np.load(converted.input / "reference_logits.npz")
+    source_vocab = json.loads((converted.input / "vocab.json").read_text("utf-8"))
+    source_pieces = {i: p for p, i in source_vocab.items()}
+    sources = [[converted.source_index[source_pieces[i]] for i, keep in zip(row, mask) if keep]
+               for row, mask in zip(arrays["input_ids"], arrays["attention_mask"])]
+    labels = arrays["labels"]
+    pad = int(converted.marian_ids[BOS_ID])
+    index = {int(m): i for i, m in enumerate(converted.marian_ids) if i != PAD_ID}
+    targets = [[BOS_ID] + [index[int(i)] for i in row[:-1] if i != pad] for row in labels]
+    logits = converted.model((padded(sources), padded(targets))).numpy()
+    for row, target in enumerate(targets):
+        ours = logits[row, :len(target), 1:]  # every id but our PAD, which Marian lacks
+        reference = arrays["logits"][row, :len(target)][:, converted.marian_ids[1:]]
+        np.testing.assert_allclose(ours, reference, atol=1e-4, rtol=0)
+    # Our PAD row is out of the softmax: the log-softmax over our ids is Marian's.
+    assert logits[..., PAD_ID].max() < -1000
+
+
+def test_greedy_and_beam_search_give_the_references_outputs(converted):
+    """Beam 4 with alpha 0 (Hugging Face's length_penalty=0): both rank by log-prob."""
+    reference = converted.reference
+    sources = padded([converted.our_source_ids(p) for p in reference["source_pieces"]])
+    extra = reference["max_extra_length"]
+    for name, search in (("greedy", lambda: greedy_search(converted.model, sources, alpha=0.0,
+                                                          extra_length=extra)),
+                         ("beam", lambda: beam_search(converted.model, sources, beam_size=4,
+                                                      alpha=0.0, extra_length=extra))):
+        ids = search().ids[:, 0].numpy()
+        pieces = [[converted.target_pieces[i] for i in row if i not in (PAD_ID, EOS_ID)]
+                  for row in ids]
+        assert pieces == reference[name]["pieces"], name
+
+
+def test_the_text_to_text_saved_model_gives_the_references_translations(converted, tmp_path):
+    extra = converted.reference["max_extra_length"]
+    options = saved_model.Options(weights=WeightsChoice(),
+                                  decode=DecodeConfig(alpha=0.0, max_extra_length=extra))
+    path = saved_model.export(str(converted.model_dir), str(tmp_path / "export"), options)
+    loaded = saved_model.load(path)
+    inputs = tf.constant(converted.reference["inputs"])
+    beam = loaded.signatures["serving_default"](inputs=inputs)["translations"]
+    assert [t.decode("utf-8") for t in beam.numpy()] == converted.reference["beam"]["texts"]
+    greedy = loaded.signatures["translate_with_options"](
+        inputs=inputs, target_prefix=tf.fill(tf.shape(inputs), ""), beam_size=tf.constant(1),
+        alpha=tf.constant(0.0), max_extra_length=tf.constant(extra),
+        num_hypotheses=tf.constant(1))["translations"]
+    assert [t[0].decode("utf-8") for t in greedy.numpy()] == \
+        converted.reference["greedy"]["texts"]
+
+
+def test_the_ctranslate2_export_gives_the_references_translations(converted, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from trainer.serving import ctranslate2 as ct2_export
+    directory = ct2_export.write(converted.model, converted.tokenizers, str(tmp_path / "ct2"),
+                                 "float32")
+    translator = ctranslate2.Translator(directory)
+    # The pieces a client of the export gives it: the source's, without the EOS the
+    # export's config appends. CTranslate2 stops at the limit where the others force EOS
+    # as the limit's last token: one token less.
+    sources = [pieces[:-1] for pieces in converted.reference["source_pieces"]]
+    extra = converted.reference["max_extra_length"]
+    for name, beam_size in (("greedy", 1), ("beam", 4)):
+        results = [translator.translate_batch([s], beam_size=beam_size, length_penalty=0.0,
+                                              max_decoding_length=len(s) + extra)[0]
+                   for s in sources]
+        texts = ["".join(p for p in r.hypotheses[0] if p != "<unk>").replace("\u2581", " ")
+                 .strip() for r in results]
+        assert texts == converted.reference[name]["texts"], name
+        by_converter = converted.reference["ctranslate2_converter"][name]
+        if isinstance(by_converter, list):  # else why CTranslate2 could not convert it
+            assert texts == by_converter, name
+
+
+@pytest.mark.slow
+def test_the_convert_program_writes_a_model_directory_the_translate_program_reads(tmp_path):
+    model_dir = tmp_path / "opus-mt"
+    result = subprocess.run([sys.executable, "-m", "trainer.convert", "--from=marian",
+                             f"--input={FIXTURES / NAMES[0]}", f"--model_dir={model_dir}"],
+                            cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith(f"converted {FIXTURES / NAMES[0]} into {model_dir}: ")
+    assert sorted(p.name for p in model_dir.iterdir()) == sorted(
+        ["checkpoint", "ckpt-0.data-00000-of-00001", "ckpt-0.index", "config.json",
+         "spm_source.model", "spm_target.model", "vocabulary.json"])
+    again = subprocess.run([sys.executable, "-m", "trainer.convert",
+                            f"--input={FIXTURES / NAMES[0]}", f"--model_dir={model_dir}"],
+                           cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"trainer.convert: error: {model_dir} exists and is not empty: convert into a new "
+        "directory")

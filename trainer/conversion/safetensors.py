@@ -1,0 +1,73 @@
+"""Reads a .safetensors file (Hugging Face's tensor format) into NumPy arrays, without
+torch.
+
+The format: an 8-byte little-endian header size n, n bytes of JSON mapping each tensor's
+name to its dtype, shape and [begin, end) byte offsets in the data that follows (and an
+optional "__metadata__" entry). Read here rather than with the `safetensors` package so
+that a converter needs no package beyond the project's, reads bfloat16 (which NumPy lacks)
+as float32, and names the file and the tensor in every error: a file cut short, offsets
+outside it, a shape that does not match its bytes.
+"""
+
+import json
+import os
+from typing import Dict
+
+import numpy as np
+
+from trainer.conversion import ConversionError
+
+# safetensors dtype -> (NumPy dtype of the stored bytes, bytes per element).
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+           "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+           "BOOL": np.bool_}
+
+
+def load(path: str) -> Dict[str, np.ndarray]:
+    """{name: array} of every tensor in `path`; floating-point tensors as float32.
+
+    Raises:
+      ConversionError: the file is cut short or is not a safetensors file.
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ConversionError(f"{path} is cut short ({size} bytes): not a whole "
+                                  "safetensors file")
+        header_size = int.from_bytes(head, "little")
+        if header_size > size - 8:
+            raise ConversionError(f"{path} is cut short or not a safetensors file (its header "
+                                  f"needs {header_size} bytes, the file has {size})")
+        try:
+            header = json.loads(f.read(header_size))
+        except ValueError:
+            raise ConversionError(f"{path} has a damaged header: not a safetensors file") from None
+        data = f.read()
+    header.pop("__metadata__", None)
+    tensors = {}
+    for name, entry in header.items():
+        tensors[name] = _tensor(path, name, entry, data)
+    return tensors
+
+
+def _tensor(path: str, name: str, entry: dict, data: bytes) -> np.ndarray:
+    try:
+        dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+    except (KeyError, TypeError, ValueError):
+        raise ConversionError(f"{path}: tensor {name} has a damaged header entry") from None
+    if dtype not in _DTYPES:
+        raise ConversionError(f"{path}: tensor {name} has dtype {dtype}, which a model's "
+                              "weights never have")
+    if end > len(data):
+        raise ConversionError(f"{path} is cut short: tensor {name} ends at byte {end} of the "
+                              f"data, which has {len(data)}")
+    stored = np.dtype(_DTYPES[dtype])
+    count = int(np.prod(shape)) if shape else 1
+    if end - begin != count * stored.itemsize:
+        raise ConversionError(f"{path}: tensor {name} of shape {shape} and dtype {dtype} "
+                              f"has {end - begin} bytes")
+    array = np.frombuffer(data, stored, count, begin).reshape(shape)
+    if dtype == "BF16":  # the high half of a float32
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return array.astype(np.float32) if array.dtype.kind == "f" else array.copy()
