@@ -152,6 +152,10 @@ class RunConfig:
       export_weights: what the export ships: "last", "average" (average_last) or "ema";
         None: "average" when average_last is set, else "last".
       seed: initial weights and dropout.
+      init_from: another model directory (a trained or a converted one) whose newest
+        checkpoint's weights a new run starts from, with that model's vocabulary and
+        architecture and a fresh optimizer and schedule (fine-tuning); None: random
+        weights. A run that resumes from its own checkpoint ignores it.
     """
 
     model_dir: str
@@ -173,6 +177,7 @@ class RunConfig:
     bleu_tokenize: str = "13a"
     max_train_minutes: float = 0.0
     average_last: int = 0
+    init_from: Optional[str] = None
     ema_decay: float = 0.0
     export_weights: Optional[str] = None
     seed: int = 0

@@ -11,10 +11,12 @@ import dataclasses
 from typing import Callable, Optional
 
 import keras
+import tensorflow as tf
 
 from keras_transformer import Transformer, TransformerConfig
 from trainer.config import DataConfig, RunConfig
 from trainer.data import input_pipeline, sources
+from trainer.data import tokenizer
 from trainer.data.tokenizer import Tokenizers
 from trainer.model_dir import layout
 from trainer.model_dir.ema import MovingAverage
@@ -31,7 +33,7 @@ def sized_to_vocabulary(model_config: TransformerConfig,
                         tokenizers: Tokenizers) -> TransformerConfig:
     """The model config with the vocabulary's size; separate vocabularies give the
     source its own embedding (share_embeddings=False)."""
-    if tokenizers.shared:
+    if tokenizers.shared or tokenizers.source.pieces() == tokenizers.target.pieces():
         return dataclasses.replace(model_config, vocab_size=tokenizers.target.vocab_size)
     return dataclasses.replace(model_config, vocab_size=tokenizers.target.vocab_size,
                                share_embeddings=False,
@@ -60,6 +62,22 @@ def build_trainer(model_config: TransformerConfig, data: input_pipeline.Data, ru
     return Trainer(model, optimizer, data, strategy, run, checkpointer, validator, log)
 
 
+def initialize(trainer: Trainer, init_from: str, log: Callable[[str], None] = print):
+    """Sets the trainer's model (and moving average) to the weights of init_from's newest
+    intact checkpoint: a new run's start from another model (fine-tuning)."""
+    path = layout.intact_checkpoints(init_from, warn=lambda m: log(f"warning: {m}"))[-1]
+    try:
+        tf.train.Checkpoint(model=trainer.model).restore(path).expect_partial() \
+            .assert_existing_objects_matched()
+    except AssertionError as e:
+        raise layout.ModelDirError(f"{path} does not hold the weights of the model its "
+                                   f"config.json describes ({' '.join(str(e).split())[:100]})"
+                                   ) from None
+    if trainer.checkpointer.moving_average is not None:
+        trainer.checkpointer.moving_average.reset(trainer.model.trainable_variables)
+    log(f"initialized from {path}: its weights, with a fresh optimizer and schedule")
+
+
 def train_and_export(model_config: TransformerConfig, data_config: DataConfig, run: RunConfig,
                      log: Callable[[str], None] = print) -> Optional[str]:
     """Trains (or resumes) the run in run.model_dir and exports it to run.export_dir.
@@ -74,6 +92,8 @@ def train_and_export(model_config: TransformerConfig, data_config: DataConfig, r
     run = dataclasses.replace(run, precision=run.precision or distribute.default_precision())
     keras.utils.set_random_seed(run.seed)
     source = sources.select(data_config)
+    if run.init_from and not tf.train.latest_checkpoint(run.model_dir):
+        tokenizer.copy_vocabulary(run.init_from, run.model_dir)
     data = input_pipeline.build(source, run.model_dir, data_config)
     log(f"data: {data.report}")
     model_config = sized_to_vocabulary(model_config, data.tokenizers)
@@ -83,6 +103,8 @@ def train_and_export(model_config: TransformerConfig, data_config: DataConfig, r
                            bleu_tokenize="char" if builtin else run.bleu_tokenize)
                       if run.eval_every else None)
     trainer = build_trainer(model_config, data, run, strategy, validator_args, log)
+    if run.init_from and not trainer.checkpointer.latest:
+        initialize(trainer, run.init_from, log)
     log(f"model: {model_config.num_layers} layers, d_model {model_config.d_model}, "
         f"{model_config.num_heads} heads, d_ff {model_config.d_ff}, vocabulary "
         f"{model_config.vocab_size} ({trainer.model.count_params() / 1e6:.2f}M parameters); "

@@ -11,6 +11,7 @@ runs. Flag defaults are the dataclasses' defaults.
 """
 
 import dataclasses
+import json
 import os
 
 from absl import flags
@@ -102,15 +103,32 @@ flags.DEFINE_enum("export_weights", RunConfig.export_weights, ("last", "average"
                   "What the export ships: the last checkpoint's weights, the mean of the "
                   "last --average_last, or the moving average (--ema_decay) (default: "
                   "average when --average_last is set, else last).")
+flags.DEFINE_string("init_from", None, "Start from another model directory's weights (a "
+                    "trained one, or one of python -m trainer.convert): its vocabulary and "
+                    "architecture, a new step count, a fresh optimizer and schedule "
+                    "(--warmup_steps applies). Fine-tuning; see docs/pretrained.md.")
 flags.DEFINE_integer("seed", RunConfig.seed, "Random seed (weights, dropout, shuffling, "
                      "builtin corpus).")
 
 
+# What a model is (its weights' shapes and what they compute), as opposed to how it trains
+# (dropout, label smoothing): --init_from fixes the first, the flags may change the second.
+TRAINING_FIELDS = ("dropout", "attention_dropout", "label_smoothing")
+
+
 def model_config() -> TransformerConfig:
-    """--config with --hparams; its vocabulary size is set once the vocabulary exists."""
+    """--config with --hparams (or --init_from's model with --hparams' training fields);
+    its vocabulary size is set once the vocabulary exists."""
+    if FLAGS.init_from:
+        return init_model_config(FLAGS.init_from)
     if FLAGS.config not in PRESETS:
         raise ValueError(f"unknown preset --config={FLAGS.config}; choose one of "
                          f"{', '.join(PRESETS)}")
+    return TransformerConfig.preset(FLAGS.config, **hparams())
+
+
+def hparams() -> dict:
+    """--hparams as {TransformerConfig field: value}."""
     fields = {field.name: field for field in dataclasses.fields(TransformerConfig)}
     overrides = {}
     for item in FLAGS.hparams:
@@ -121,7 +139,28 @@ def model_config() -> TransformerConfig:
         kind = type(default) if default is not None else int
         overrides[key] = (value.lower() in ("1", "true", "yes") if kind is bool
                           else None if value.lower() == "none" else kind(value))
-    return TransformerConfig.preset(FLAGS.config, **overrides)
+    return overrides
+
+
+def init_model_config(init_from: str) -> TransformerConfig:
+    """The model of --init_from's config.json, with --hparams' training fields; a flag
+    that asks for another architecture is a ValueError naming it."""
+    path = os.path.join(init_from, "config.json")
+    try:
+        with open(path) as f:
+            saved = TransformerConfig.from_dict(json.load(f)["model"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--init_from={init_from}: {path} cannot be read ({type(e).__name__}):"
+                         " is it a model directory?") from None
+    if FLAGS["config"].present:
+        raise ValueError(f"--config={FLAGS.config} contradicts --init_from={init_from}, whose "
+                         "architecture its config.json holds: drop --config")
+    overrides = hparams()
+    for key, value in overrides.items():
+        if key not in TRAINING_FIELDS and value != getattr(saved, key):
+            raise ValueError(f"--hparams={key}={value} contradicts --init_from={init_from}, "
+                             f"whose {key} is {getattr(saved, key)}")
+    return dataclasses.replace(saved, **overrides)
 
 
 def data_config() -> DataConfig:
@@ -140,7 +179,8 @@ def data_config() -> DataConfig:
 
 
 def run_config(data: DataConfig) -> RunConfig:
-    name = FLAGS.run_name or default_run_name(FLAGS.config, data)
+    model = os.path.basename(os.path.normpath(FLAGS.init_from)) if FLAGS.init_from else None
+    name = FLAGS.run_name or default_run_name(model or FLAGS.config, data)
     export_dir = FLAGS.export_dir or os.path.join("saved_models", name)
     return cli.config_from_flags(
         RunConfig, model_dir=FLAGS.model_dir or os.path.join("runs", name),

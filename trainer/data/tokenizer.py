@@ -378,6 +378,22 @@ def _checked_size(tokenizers: Tokenizers, vocab_size: Optional[int]) -> Tokenize
     return tokenizers
 
 
+def copy_vocabulary(from_dir: str, to_dir: str):
+    """Copies from_dir's vocabulary files into to_dir, unless to_dir has a vocabulary
+    already (a run that starts from another model keeps that model's vocabulary)."""
+    names = (SHARED_MODEL, SOURCE_MODEL, TARGET_MODEL, VOCABULARY)
+    if any(tf.io.gfile.exists(os.path.join(to_dir, name)) for name in names):
+        return
+    found = [name for name in names if tf.io.gfile.exists(os.path.join(from_dir, name))]
+    if not found:
+        raise VocabularyError(f"{from_dir} holds no vocabulary ({SHARED_MODEL}, or "
+                              f"{SOURCE_MODEL} and {TARGET_MODEL}): is it a model directory?")
+    tf.io.gfile.makedirs(to_dir)
+    for name in found:
+        with tf.io.gfile.GFile(os.path.join(from_dir, name), "rb") as f:
+            files.write_atomically(os.path.join(to_dir, name), f.read())
+
+
 def save_converted(model_dir: str, source_model: bytes, target_model: bytes,
                    source_vocabulary: Sequence[str], target_vocabulary: Sequence[str]):
     """Writes a converted model's SentencePiece models and VOCABULARY to model_dir."""
