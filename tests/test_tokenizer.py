@@ -202,3 +202,18 @@ def test_sampled_segmentations_vary_and_each_spells_the_sentence(training_text):
         assert lists[0] != lists[1] != lists[2] and one not in lists
         if model_type == "bpe":  # dropped merges leave more, shorter pieces
             assert all(ids.flat_values.shape[0] > sum(map(len, one)) for ids in draws)
+
+
+def test_an_existing_sentencepiece_model_is_adopted_not_retrained(tmp_path, training_text):
+    """--spm_model: the model directory's vocabulary is that file, byte for byte; one
+    without the project's special ids is one error naming it."""
+    model = tmp_path / "given.model"
+    model.write_bytes(tokenizer_lib.train_sentencepiece(training_text[0], 500))
+    tokenizer_lib.adopt([str(model)], str(tmp_path / "run"))
+    tokenizers = tokenizer_lib.load_or_train(str(tmp_path / "run"), None)
+    assert (tmp_path / "run" / tokenizer_lib.SHARED_MODEL).read_bytes() == model.read_bytes()
+    assert tokenizers.shared and tokenizers.source.vocab_size == 500
+    marian = Path(__file__).parent / "fixtures" / "marian" / "shared_swish" / "source.spm"
+    with pytest.raises(tokenizer_lib.VocabularyError, match=f"{marian} has pad/unk/bos/eos"):
+        tokenizer_lib.adopt([str(marian)], str(tmp_path / "other"))
+    assert not (tmp_path / "other").exists()

@@ -36,6 +36,9 @@ class DataConfig:
       separate_vocabularies: a source and a target vocabulary instead of the shared one
         of section 5.1.
       subword_model: "bpe" (the paper's byte-pair encoding) or "unigram".
+      spm_model: an existing SentencePiece model to use instead of training one (its
+        pad/unk/bos/eos ids 0-3, as this project trains them), or two: the source's and
+        the target's; copied into the model directory when it has no vocabulary yet.
       subword_sampling: subword regularization of the training batches: 0 segments every
         sentence one way; above 0, every time a sentence is read it gets a segmentation
         drawn by SentencePiece with this alpha (over all segmentations): for BPE, the
@@ -63,6 +66,7 @@ class DataConfig:
     vocab_size: Optional[int] = None
     separate_vocabularies: bool = False
     subword_model: str = "bpe"
+    spm_model: Optional[Tuple[str, ...]] = None
     subword_sampling: float = 0.0
     vocab_sample_pairs: int = 1_000_000
     max_len: int = 64
@@ -71,6 +75,9 @@ class DataConfig:
     seed: Optional[int] = 0
 
     def __post_init__(self):
+        if self.spm_model is not None and len(self.spm_model) not in (1, 2):
+            raise ValueError(f"spm_model takes one SentencePiece model, or a source's and a "
+                             f"target's, not {len(self.spm_model)}")
         if self.subword_model not in SUBWORD_MODELS:
             raise ValueError(f"subword_model must be one of {SUBWORD_MODELS}, "
                              f"got {self.subword_model!r}")

@@ -47,6 +47,9 @@ flags.DEFINE_bool("separate_vocabularies", DataConfig.separate_vocabularies,
                   "Separate source and target vocabularies.")
 flags.DEFINE_enum("subword_model", DataConfig.subword_model, SUBWORD_MODELS,
                   "SentencePiece model: byte-pair encoding (the paper's) or unigram.")
+flags.DEFINE_list("spm_model", None, "An existing SentencePiece model to train on instead "
+                  "of building a vocabulary (ids pad 0, unk 1, bos 2, eos 3), or a source's and "
+                  "a target's, comma-separated.")
 flags.DEFINE_float("subword_sampling", DataConfig.subword_sampling, "Subword regularization: "
                    "training sentences get a segmentation sampled with this alpha each time "
                    "they are read (bpe: the BPE-dropout rate, e.g. 0.1; unigram: Kudo's "
@@ -175,7 +178,8 @@ def data_config() -> DataConfig:
         except ValueError:
             raise ValueError(f"--train_weights={','.join(FLAGS.train_weights)}: "
                              "not a list of numbers") from None
-    return cli.config_from_flags(DataConfig, train_weights=weights)
+    spm_model = tuple(FLAGS.spm_model) if FLAGS.spm_model else None
+    return cli.config_from_flags(DataConfig, train_weights=weights, spm_model=spm_model)
 
 
 def run_config(data: DataConfig) -> RunConfig:

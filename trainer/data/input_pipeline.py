@@ -326,9 +326,12 @@ def build(source: sources_lib.Source, model_dir: str, config: DataConfig = DataC
     if config.train_weights is not None and len(config.train_weights) != len(corpora):
         raise DataError(f"{len(config.train_weights)} train_weights for {len(corpora)} "
                         "training corpora")
+    if config.spm_model:
+        tokenizer_lib.adopt(config.spm_model, model_dir)
     tokenizers = tokenizer_lib.load_or_train(
         model_dir, lambda: source.texts("train", config.vocab_sample_pairs),
-        vocab_size=config.vocab_size, separate=config.separate_vocabularies,
+        vocab_size=config.vocab_size,
+        separate=config.separate_vocabularies or len(config.spm_model or ()) == 2,
         model_type=config.subword_model, default_size=source.vocab_size)
     train = [cached_counts(corpus, tokenizers, config.max_len, model_dir) for corpus in corpora]
     counts = {"train": sum(train[1:], train[0]),

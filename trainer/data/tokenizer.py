@@ -378,6 +378,22 @@ def _checked_size(tokenizers: Tokenizers, vocab_size: Optional[int]) -> Tokenize
     return tokenizers
 
 
+def adopt(spm_models: Sequence[str], model_dir: str):
+    """Copies existing SentencePiece model(s) into model_dir as its vocabulary (one:
+    shared; two: the source's and the target's), unless it has one already; a model
+    without the project's special ids is a VocabularyError naming it."""
+    names = (SHARED_MODEL, SOURCE_MODEL, TARGET_MODEL, VOCABULARY)
+    if any(tf.io.gfile.exists(os.path.join(model_dir, name)) for name in names):
+        return
+    targets = [SHARED_MODEL] if len(spm_models) == 1 else [SOURCE_MODEL, TARGET_MODEL]
+    for path, name in zip(spm_models, targets):
+        if not tf.io.gfile.exists(path):
+            raise VocabularyError(f"--spm_model={path}: no such file")
+        tokenizer = Tokenizer.from_file(path)  # checks it
+        tf.io.gfile.makedirs(model_dir)
+        tokenizer.save(os.path.join(model_dir, name))
+
+
 def copy_vocabulary(from_dir: str, to_dir: str):
     """Copies from_dir's vocabulary files into to_dir, unless to_dir has a vocabulary
     already (a run that starts from another model keeps that model's vocabulary)."""
