@@ -49,17 +49,21 @@ def ctranslate2_translator(path: str, compute_type: str, threads: int, search: d
     SavedModel's beam size and alpha and the longest output its model allows."""
     import ctranslate2
     import sentencepiece
-    processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, "spm.model"))
+    # spm.model, or a source's and a target's (separate vocabularies, converted models).
+    source, target = (sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, name))
+                      for name in (("spm.model",) * 2 if os.path.exists(
+                          os.path.join(path, "spm.model")) else
+                          ("spm_source.model", "spm_target.model")))
     translator = ctranslate2.Translator(path, device="cpu", compute_type=compute_type,
                                         inter_threads=threads, intra_threads=1)
 
     def translate(texts):
         results = translator.translate_batch(
-            processor.encode(texts, out_type=str), max_batch_size=batch_size,
+            source.encode(texts, out_type=str), max_batch_size=batch_size,
             batch_type="examples", beam_size=search["beam_size"],
             length_penalty=search["alpha"], max_decoding_length=search["max_length"],
             min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]])
-        return processor.decode([r.hypotheses[0] for r in results])
+        return target.decode([r.hypotheses[0] for r in results])
     return translate
 
 
