@@ -159,6 +159,13 @@ class RunConfig:
       export_weights: what the export ships: "last", "average" (average_last) or "ema";
         None: "average" when average_last is set, else "last".
       seed: initial weights and dropout.
+      keep_best: "bleu", "chrf" or "loss": keep the checkpoint with the best validation
+        score apart from the rotating ones (trainer/model_dir/best.py), for
+        export_weights="best"; None: none.
+      early_stopping: stop after this many validations in a row without an improvement of
+        at least early_stopping_min_delta in the keep_best metric (BLEU without one), then
+        export; 0: never. Resuming keeps the best score and the count.
+      early_stopping_min_delta: the smallest change that counts as an improvement.
       init_from: another model directory (a trained or a converted one) whose newest
         checkpoint's weights a new run starts from, with that model's vocabulary and
         architecture and a fresh optimizer and schedule (fine-tuning); None: random
@@ -185,6 +192,9 @@ class RunConfig:
     max_train_minutes: float = 0.0
     average_last: int = 0
     init_from: Optional[str] = None
+    keep_best: Optional[str] = None
+    early_stopping: int = 0
+    early_stopping_min_delta: float = 0.0
     ema_decay: float = 0.0
     export_weights: Optional[str] = None
     seed: int = 0
@@ -204,9 +214,17 @@ class RunConfig:
             raise ValueError(f"cooldown must be in [0, 1], got {self.cooldown}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
-        if self.export_weights not in (None, "last", "average", "ema"):
-            raise ValueError("export_weights must be last, average or ema, got "
+        if self.export_weights not in (None, "last", "average", "ema", "best"):
+            raise ValueError("export_weights must be last, average, ema or best, got "
                              f"{self.export_weights!r}")
+        if self.keep_best not in (None, "bleu", "chrf", "loss"):
+            raise ValueError(f"keep_best must be bleu, chrf or loss, got {self.keep_best!r}")
+        if self.export_weights == "best" and not self.keep_best:
+            raise ValueError("export_weights=best needs keep_best (the metric to rank by)")
+        if (self.keep_best or self.early_stopping) and not self.eval_every:
+            raise ValueError("keep_best and early_stopping need validations: set eval_every")
+        if self.early_stopping < 0 or self.early_stopping_min_delta < 0:
+            raise ValueError("early_stopping and early_stopping_min_delta must not be negative")
         if self.export_weights == "ema" and not self.ema_decay:
             raise ValueError("export_weights=ema needs a moving average: set ema_decay")
         if self.export_weights == "average" and not self.average_last:

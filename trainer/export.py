@@ -1,5 +1,5 @@
 """python -m trainer.export --model_dir=DIR [--format=saved_model|ctranslate2]
-[--export_dir=DIR] [--export_weights=last|average|ema] [--average_last=N]
+[--export_dir=DIR] [--export_weights=last|average|ema|best] [--average_last=N]
 [--serving_dtype=float32|bfloat16] [--xla] [--quantization=int8|...]: write a model
 directory's model for serving.
 
@@ -28,10 +28,11 @@ flags.DEFINE_string("export_dir", None, "Where SavedModel versions go (default "
                     "(default saved_models/<name of model_dir>-ctranslate2-<quantization>).")
 flags.DEFINE_integer("average_last", 0, "Export the mean of the last N checkpoints "
                      "(paper: 5 for base, 20 for big); 0 exports the latest.")
-flags.DEFINE_enum("export_weights", None, ("last", "average", "ema"), "Which weights: "
-                  "the latest checkpoint's, the mean of the last --average_last, or the "
-                  "moving average a run with --ema_decay keeps (default: average when "
-                  "--average_last is set, else last).")
+flags.DEFINE_enum("export_weights", None, ("last", "average", "ema", "best"), "Which "
+                  "weights: the latest checkpoint's, the mean of the last --average_last, the "
+                  "moving average a run with --ema_decay keeps, or the best validation's of a "
+                  "run with --keep_best (default: average when --average_last is set, else "
+                  "last).")
 flags.DEFINE_integer("beam_size", DecodeConfig.beam_size, "SavedModel: beam size of every "
                      "signature (and k of nbest). CTranslate2 takes it per request.")
 flags.DEFINE_float("alpha", DecodeConfig.alpha, "SavedModel: length penalty exponent.")

@@ -102,10 +102,19 @@ flags.DEFINE_integer("average_last", RunConfig.average_last, "Export the mean of
                      "checkpoints (the paper: 5 for base, 20 for big; 0 exports the last).")
 flags.DEFINE_float("ema_decay", RunConfig.ema_decay, "Keep an exponential moving average "
                    "of the weights with this decay (e.g. 0.9999) in the checkpoints; 0: none.")
-flags.DEFINE_enum("export_weights", RunConfig.export_weights, ("last", "average", "ema"),
+flags.DEFINE_enum("export_weights", RunConfig.export_weights,
+                  ("last", "average", "ema", "best"),
                   "What the export ships: the last checkpoint's weights, the mean of the "
                   "last --average_last, or the moving average (--ema_decay) (default: "
                   "average when --average_last is set, else last).")
+flags.DEFINE_enum("keep_best", None, ("bleu", "chrf", "loss"), "Keep the checkpoint of "
+                  "the best validation score in <model_dir>/best, apart from the rotating "
+                  "ones (export it with --export_weights=best).")
+flags.DEFINE_integer("early_stopping", RunConfig.early_stopping, "Stop after this many "
+                     "validations without an improvement (in --keep_best's metric, BLEU "
+                     "without it) of at least --early_stopping_min_delta, then export; 0: never.")
+flags.DEFINE_float("early_stopping_min_delta", RunConfig.early_stopping_min_delta,
+                   "The smallest change of the metric that counts as an improvement.")
 flags.DEFINE_string("init_from", None, "Start from another model directory's weights (a "
                     "trained one, or one of python -m trainer.convert): its vocabulary and "
                     "architecture, a new step count, a fresh optimizer and schedule "
@@ -196,6 +205,10 @@ def main(argv):
     try:  # every check a user can act on, before TensorFlow starts
         model, data = model_config(), data_config()
         run = run_config(data)
+        if run.early_stopping and len(json.loads(os.environ.get("TF_CONFIG", "{}")).get(
+                "cluster", {}).get("worker", [])) > 1:
+            raise ValueError("--early_stopping needs one worker: only the chief validates, "
+                             "and the other workers would train on")
     except (ValueError, TypeError) as e:
         cli.fail(str(e))
     from trainer.data.sources import DataError

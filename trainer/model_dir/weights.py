@@ -6,9 +6,9 @@ import dataclasses
 from typing import Callable, List, Optional, Tuple
 
 from keras_transformer import Transformer
-from trainer.model_dir import averaging, ema, layout
+from trainer.model_dir import averaging, best, ema, layout
 
-KINDS = ("last", "average", "ema")
+KINDS = ("last", "average", "ema", "best")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,7 +18,8 @@ class WeightsChoice:
     Attributes:
       export_weights: one of KINDS: "last", the latest checkpoint's weights; "average",
         the mean of the last `average_last` checkpoints; "ema", the moving average of the
-        weights kept in the latest checkpoint (a run with --ema_decay). None: "average"
+        weights kept in the latest checkpoint (a run with --ema_decay); "best", the
+        checkpoint of the best validation score (a run with --keep_best). None: "average"
         when average_last is set, else "last".
       average_last: checkpoints to average (section 6.1: 5 for base, 20 for big).
     """
@@ -37,7 +38,7 @@ class WeightsChoice:
 
     @property
     def kind(self) -> str:
-        """The weights shipped, the default resolved: "last", "average" or "ema"."""
+        """The weights shipped, the default resolved: one of KINDS."""
         return self.export_weights or ("average" if self.average_last else "last")
 
 
@@ -48,6 +49,12 @@ def final_model(model_dir: str, choice: WeightsChoice = WeightsChoice(),
     from). Damaged checkpoints are passed over with a `warn` line each."""
     if choice.kind == "average":
         return averaging.average_checkpoints(model_dir, choice.average_last, warn)
+    if choice.kind == "best":
+        path = best.checkpoint(model_dir)
+        if path is None:
+            raise FileNotFoundError(f"no best checkpoint in {model_dir}/{best.DIRECTORY}: "
+                                    "train with --keep_best")
+        return layout.restore_model(model_dir, path), [path]
     path = layout.intact_checkpoints(model_dir, warn=warn)[-1]
     model = layout.restore_model(model_dir, path)
     if choice.kind == "ema":

@@ -16,6 +16,7 @@ import tensorflow as tf
 from keras_transformer import Transformer
 from trainer.config import RunConfig
 from trainer.data.input_pipeline import Data
+from trainer.model_dir.best import BestTracker
 from trainer.training import distribute
 from trainer.training.checkpointing import Checkpointer
 from trainer.training.cooldown import cooldown_factor
@@ -52,6 +53,13 @@ class Trainer:
         self.chief = distribute.is_chief()
         self.update = Updater(model, optimizer, strategy, run, checkpointer.moving_average)
         self.stream = None  # TrainingStream, from restore()
+        # The best validation (--keep_best) and early stopping's patience, on the chief.
+        self.best = (BestTracker(model, run.model_dir, run.keep_best or "bleu",
+                                 bool(run.keep_best), run.early_stopping,
+                                 run.early_stopping_min_delta, log)
+                     if (run.keep_best or run.early_stopping) and validator is not None
+                     and self.chief else None)
+        self.stopping = False  # early stopping said stop at the last validation
     @property
     def step(self) -> int:
         return self.checkpointer.step
@@ -136,6 +144,11 @@ class Trainer:
                 self.log(f"step {step}: " + ", ".join(f"validation {k} {v:.4g}"
                                                       for k, v in metrics.items())
                          + (" (moving average)" if run.export_weights == "ema" else ""))
+            if self.stopping:
+                self.log(self.best.stop_line(step))
+                if step % run.checkpoint_every and not last:
+                    self.save(step)
+                break
             if out_of_time:
                 break
             preemption.after_update(step, stats)
@@ -143,17 +156,26 @@ class Trainer:
 
     def _validate(self, step: int) -> Dict[str, float]:
         """Validation metrics of the weights the export will ship: the moving average
-        with export_weights=ema (swapped in for the call), else the live weights."""
+        with export_weights=ema (swapped in for the call), else the live weights; the
+        best of them kept (--keep_best), early stopping's patience counted."""
         if self.run.export_weights != "ema":
-            return self.validator(step)
+            return self._scored(step)
         variables = self.model.trainable_variables
         live = [tf.identity(variable) for variable in variables]
         self.checkpointer.moving_average.copy_to(variables)
         try:
-            return self.validator(step)
+            return self._scored(step)
         finally:
             for variable, value in zip(variables, live):
                 variable.assign(value)
+
+    def _scored(self, step: int) -> Dict[str, float]:
+        """The validator's metrics of the model's weights as they are, given to the best
+        tracker while the model holds them."""
+        metrics = self.validator(step)
+        if self.best is not None:
+            self.stopping = self.best.update(step, metrics)
+        return metrics
 
     def _save_on_preemption(self, progress: TrainingProgress, step: int, stats: StepStatistics
                             ) -> str:

@@ -1,0 +1,73 @@
+"""--keep_best keeps the checkpoint of the best validation apart and --export_weights=best
+ships it; --early_stopping stops a run whose validation stopped improving, says why and
+exports; a resumed run keeps the best score and the patience count. The builtin corpus,
+the real program in subprocesses."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from conftest import QUICK, REPO, _env
+
+pytestmark = pytest.mark.slow
+
+# Validation every 5 updates on 10 sentences.
+FLAGS = [*QUICK, "--eval_every=5", "--checkpoint_every=5", "--log_every=5"]
+
+
+def task(*flags):
+    return subprocess.run([sys.executable, "-m", "trainer.task", *FLAGS, *flags], cwd=REPO,
+                          env=_env(), capture_output=True, text=True, timeout=600)
+
+
+def validations(stdout, metric):
+    return {int(step): float(value) for step, value in
+            re.findall(rf"^step (\d+): .*validation {metric} ([\d.e+-]+)", stdout, re.M)}
+
+
+def test_the_best_checkpoint_is_kept_apart_and_exported(tmp_path):
+    model_dir, export_dir = tmp_path / "run", tmp_path / "export"
+    result = task("--train_steps=15", "--keep_best=loss", "--keep_checkpoints=1",
+                  "--export_weights=best", f"--model_dir={model_dir}",
+                  f"--export_dir={export_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = validations(result.stdout, "loss")
+    assert sorted(losses) == [5, 10, 15]
+    best_step = min(losses, key=losses.get)
+    state = json.loads((model_dir / "best" / "best.json").read_text())
+    assert state["metric"] == "loss" and state["step"] == best_step
+    assert state["score"] == pytest.approx(losses[best_step], rel=1e-3)
+    kept = tf.train.latest_checkpoint(str(model_dir / "best"))
+    assert kept.endswith(f"best/ckpt-{best_step}")
+    # Apart from the rotating ones: keep_checkpoints=1 left only the last.
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-15")
+    info = json.loads((export_dir / "1" / "assets.extra" / "export.json").read_text())
+    assert info["checkpoints"] == [kept] and info["weights"] == "best"
+
+
+def test_early_stopping_stops_says_why_exports_and_resumes_with_its_count(tmp_path):
+    """A min_delta no loss change reaches: the first validation is the best, and each one
+    after it counts. Patience 3: a run to step 10 counts 1; resumed, it counts 2 at step
+    15 and stops at step 20 (a resume that forgot the count would stop at 25)."""
+    model_dir, export_dir = tmp_path / "run", tmp_path / "export"
+    stopping = ["--keep_best=loss", "--early_stopping=3", "--early_stopping_min_delta=1000",
+                f"--model_dir={model_dir}", f"--export_dir={export_dir}"]
+    first = task("--train_steps=10", *stopping)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "early stopping" not in first.stdout
+    assert json.loads((model_dir / "best" / "best.json").read_text())[
+        "without_improvement"] == 1
+    resumed = task("--train_steps=100", *stopping)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    line = [line for line in resumed.stdout.splitlines() if "early stopping" in line]
+    assert len(line) == 1 and line[0].startswith(
+        "early stopping at step 20: validation loss has not improved by 1000 or more in 3 "
+        "validations (best "), line
+    assert line[0].endswith("at step 5)")
+    assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-20")
+    assert sorted(validations(resumed.stdout, "loss")) == [15, 20]
+    assert (export_dir / "2" / "saved_model.pb").exists()  # exported after stopping
