@@ -33,7 +33,7 @@ def sized_to_vocabulary(model_config: TransformerConfig,
                         tokenizers: Tokenizers) -> TransformerConfig:
     """The model config with the vocabulary's size; separate vocabularies give the
     source its own embedding (share_embeddings=False)."""
-    if tokenizers.shared or tokenizers.source.pieces() == tokenizers.target.pieces():
+    if tokenizers.shared_ids:
         return dataclasses.replace(model_config, vocab_size=tokenizers.target.vocab_size)
     return dataclasses.replace(model_config, vocab_size=tokenizers.target.vocab_size,
                                share_embeddings=False,

@@ -55,6 +55,8 @@ SHARED_MODEL = "spm.model"
 SOURCE_MODEL = "spm_source.model"
 TARGET_MODEL = "spm_target.model"
 VOCABULARY = "vocabulary.json"
+# Every file a model directory's vocabulary may have.
+_FILES = (SHARED_MODEL, SOURCE_MODEL, TARGET_MODEL, VOCABULARY)
 # The pieces a vocabulary's first ids hold (keras_transformer.special_ids).
 SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")
 # A multilingual Marian model's target-language piece, written first in the input.
@@ -198,10 +200,6 @@ class Tokenizer(tf.Module):
             self._codes = tf.constant(codes or [""], tf.string)
             self._code_ids = tf.constant([index[c] for c in codes] or [UNK_ID], tf.int32)
 
-    @property
-    def vocabulary(self) -> Optional[List[str]]:
-        """The model's pieces when they are not the SentencePiece model's own, else None."""
-        return None if self._vocabulary is None else self._vocabulary.tolist()
     @classmethod
     def from_file(cls, path: str, vocabulary: Optional[Sequence[str]] = None) -> "Tokenizer":
         with tf.io.gfile.GFile(path, "rb") as f:
@@ -299,6 +297,12 @@ class Tokenizers:
     def shared(self) -> bool:
         return self.source is self.target
 
+    @property
+    def shared_ids(self) -> bool:
+        """One id space on both sides: one tokenizer, or a converted model's two
+        SentencePiece models numbering into one vocabulary."""
+        return self.shared or self.source.pieces() == self.target.pieces()
+
 
 def load_or_train(model_dir: str,
                   sentences: Optional[Callable[[], Tuple[Sequence[str], Sequence[str]]]],
@@ -378,12 +382,16 @@ def _checked_size(tokenizers: Tokenizers, vocab_size: Optional[int]) -> Tokenize
     return tokenizers
 
 
+def has_vocabulary(model_dir: str) -> bool:
+    """Whether model_dir holds a vocabulary file (whole or not)."""
+    return any(tf.io.gfile.exists(os.path.join(model_dir, name)) for name in _FILES)
+
+
 def adopt(spm_models: Sequence[str], model_dir: str):
     """Copies existing SentencePiece model(s) into model_dir as its vocabulary (one:
     shared; two: the source's and the target's), unless it has one already; a model
     without the project's special ids is a VocabularyError naming it."""
-    names = (SHARED_MODEL, SOURCE_MODEL, TARGET_MODEL, VOCABULARY)
-    if any(tf.io.gfile.exists(os.path.join(model_dir, name)) for name in names):
+    if has_vocabulary(model_dir):
         return
     targets = [SHARED_MODEL] if len(spm_models) == 1 else [SOURCE_MODEL, TARGET_MODEL]
     for path, name in zip(spm_models, targets):
@@ -397,10 +405,9 @@ def adopt(spm_models: Sequence[str], model_dir: str):
 def copy_vocabulary(from_dir: str, to_dir: str):
     """Copies from_dir's vocabulary files into to_dir, unless to_dir has a vocabulary
     already (a run that starts from another model keeps that model's vocabulary)."""
-    names = (SHARED_MODEL, SOURCE_MODEL, TARGET_MODEL, VOCABULARY)
-    if any(tf.io.gfile.exists(os.path.join(to_dir, name)) for name in names):
+    if has_vocabulary(to_dir):
         return
-    found = [name for name in names if tf.io.gfile.exists(os.path.join(from_dir, name))]
+    found = [name for name in _FILES if tf.io.gfile.exists(os.path.join(from_dir, name))]
     if not found:
         raise VocabularyError(f"{from_dir} holds no vocabulary ({SHARED_MODEL}, or "
                               f"{SOURCE_MODEL} and {TARGET_MODEL}): is it a model directory?")
