@@ -17,7 +17,9 @@ threads, each system in its own process (CTranslate2's without TensorFlow):
     `trainer.translate` sends a file);
   - single-sentence latency, p50 and p95 over the first --latency_sentences sentences sent
     one request at a time, in file order and sorted by length, with 2 threads and with 1;
-  - sacreBLEU and chrF of each system's translations against the references;
+  - sacreBLEU and chrF of each system's translations against the references, their mean
+    length in target pieces, and how many equal our float32 export's (the same search on
+    the same weights: a system that decodes other outputs does other work);
   - the same single-sentence latency with two systems taking turns (--turns): our fastest
     setup (the bfloat16 export if given, with the --env variables) and CTranslate2 float32,
     both loaded at once, send the same sentence one after the other, the first to go
@@ -91,7 +93,8 @@ from typing import List, NamedTuple
 
 import common
 from peers import decoding_runners
-from peers.decoding_workers import LATENCY_THREADS, PREVIOUS, XLA, percentiles, taking_turns
+from peers.decoding_workers import (LATENCY_THREADS, PREVIOUS, XLA, ctranslate2_sentencepiece,
+                                    percentiles, taking_turns)
 from peers.decoding_workers import worker as run_worker
 
 PEER_SENTENCES = 256  # --peers' default --sentences: keras-hub's tf.function row is slow
@@ -173,15 +176,20 @@ def print_ctranslate2_tables(args, results: dict, turns: dict):
     # Each system at its best: ours sorted by length (as trainer.translate sends a file),
     # CTranslate2 with its own batching.
     reference = results["CTranslate2", "float32", LATENCY_THREADS[0]]["sorted_rate"]
+    ours = results["this project, SavedModel", "float32", LATENCY_THREADS[0]]["outputs"]
+    _, target = ctranslate2_sentencepiece(args.ctranslate2)
     rows = [[name, precision, f"{r['file_rate']:.1f}", f"{r['sorted_rate']:.1f}",
              f"{r['sorted_rate'] / reference:.2f}x", f"{r['bleu']:.2f}", f"{r['chrf']:.2f}",
+             f"{statistics.mean(len(p) for p in target.encode(r['outputs'])):.1f}",
+             f"{sum(a == b for a, b in zip(r['outputs'], ours))} of {len(ours)}",
              *([f"{r['identical']} of {len(r['outputs'])}" if "identical" in r else ""]
                if env else [])]
             for (name, precision, threads), r in results.items()
             if threads == LATENCY_THREADS[0] and "skipped" not in r]
     common.print_table(
         ["system", "precision", "sentences/s, file order", "sentences/s, sorted by length",
-         "x CTranslate2 float32", "sacreBLEU", "chrF", *env], rows, text_columns=2,
+         "x CTranslate2 float32", "sacreBLEU", "chrF", "output pieces / sentence",
+         "outputs = our float32's", *env], rows, text_columns=2,
         title=f"Throughput ({LATENCY_THREADS[0]} threads, best of {args.repeats}, text in "
               "and out) and quality:")
     common.print_table(

@@ -48,12 +48,7 @@ def ctranslate2_translator(path: str, compute_type: str, threads: int, search: d
     sentence runs on one thread, CTranslate2's fastest for a single request. `search`: the
     SavedModel's beam size and alpha and the longest output its model allows."""
     import ctranslate2
-    import sentencepiece
-    # spm.model, or a source's and a target's (separate vocabularies, converted models).
-    source, target = (sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, name))
-                      for name in (("spm.model",) * 2 if os.path.exists(
-                          os.path.join(path, "spm.model")) else
-                          ("spm_source.model", "spm_target.model")))
+    source, target = ctranslate2_sentencepiece(path)
     translator = ctranslate2.Translator(path, device="cpu", compute_type=compute_type,
                                         inter_threads=threads, intra_threads=1)
 
@@ -65,6 +60,16 @@ def ctranslate2_translator(path: str, compute_type: str, threads: int, search: d
             min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]])
         return target.decode([r.hypotheses[0] for r in results])
     return translate
+
+
+def ctranslate2_sentencepiece(path: str):
+    """(source, target) SentencePieceProcessor of a CTranslate2 export: its spm.model, or
+    a source's and a target's (separate vocabularies, converted models)."""
+    import sentencepiece
+    names = (("spm.model",) * 2 if os.path.exists(os.path.join(path, "spm.model")) else
+             ("spm_source.model", "spm_target.model"))
+    return tuple(sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, name))
+                 for name in names)
 
 
 def throughput(translate, texts: List[str], batch_size: int, repeats: int):

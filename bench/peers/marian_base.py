@@ -1,16 +1,21 @@
 """A Marian model of OPUS-MT's size with random weights, saved as Hugging Face saves an
 OPUS-MT checkpoint, for timing the converted model against CTranslate2 (bench/decoding.py).
-Needs torch and transformers (benchmark-only installs, like the other peers):
-
-    python bench/peers/marian_base.py --data=../shared/data/multi30k --out=/tmp/opus-mt-base
-    python -m trainer.convert --input=/tmp/opus-mt-base --model_dir=runs/opus-mt-base
+Needs torch and transformers (benchmark-only installs, like the other peers).
 
 The model is opus-mt-en-de's: 6 + 6 layers, d_model 512, 8 heads, d_ff 2048, swish, a
 shared vocabulary of 58,101 ids. The vocabulary: SentencePiece unigram models trained on
 the Multi30k training text (6,000 pieces a side, Marian's special ids), their pieces first,
-then unused pieces up to 58,100, then <pad>. Random weights translate into repetitions that
-run to the length limit; both engines give the same outputs, whose mean length the
-benchmark reports.
+then unused pieces up to 58,100, then <pad>.
+
+Random weights translate into repetitions that run to the length limit, which
+CTranslate2 sets per call and this project per sentence (source + 50), so the two would
+decode different outputs. docs/performance.md ("Decoding at OPUS-MT's size") therefore
+fine-tunes the converted model on Multi30k for a few minutes, until its outputs end, and
+times that:
+
+    python bench/peers/marian_base.py --data=../shared/data/multi30k --out=/tmp/opus-mt-base
+    python -m trainer.convert --from=marian --input=/tmp/opus-mt-base \
+        --model_dir=runs/opus-mt-base
 """
 
 import argparse
