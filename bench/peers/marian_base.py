@@ -7,13 +7,16 @@ shared vocabulary of 58,101 ids. The vocabulary: SentencePiece unigram models tr
 the Multi30k training text (6,000 pieces a side, Marian's special ids), their pieces first,
 then unused pieces up to 58,100, then <pad>.
 
-Random weights translate into repetitions that run to the length limit, which
+Random weights translate into one token repeated until the length limit, which
 CTranslate2 sets per call and this project per sentence (source + 50), so the two would
-decode different outputs. docs/performance.md ("Decoding at OPUS-MT's size") therefore
-fine-tunes the converted model on Multi30k for a few minutes, until its outputs end, and
-times that:
+decode different outputs, and longer ones than a translation. --eos_bias raises EOS's entry
+of Marian's `final_logits_bias` (the output bias, 0 in a new model) so that the outputs end:
+at 1.5, after 16 or 17 words (pieces: the benchmark counts them). 15 minutes of fine-tuning
+on Multi30k (190 updates) did not end them: it made every output the same repeated
+sentence. docs/performance.md ("Decoding at OPUS-MT's size") times:
 
-    python bench/peers/marian_base.py --data=../shared/data/multi30k --out=/tmp/opus-mt-base
+    python bench/peers/marian_base.py --data=../shared/data/multi30k --eos_bias=1.5 \
+        --out=/tmp/opus-mt-base
     python -m trainer.convert --from=marian --input=/tmp/opus-mt-base \
         --model_dir=runs/opus-mt-base
 """
@@ -44,6 +47,8 @@ def main():
     parser.add_argument("--data", required=True, help="directory with train.en.gz, train.de.gz")
     parser.add_argument("--out", required=True, help="the checkpoint directory to write")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eos_bias", type=float, default=0.0,
+                        help="EOS's entry of final_logits_bias: > 0 ends the outputs sooner")
     args = parser.parse_args()
     import torch
     from transformers import MarianConfig, MarianMTModel
@@ -70,9 +75,13 @@ def main():
         scale_embedding=True, pad_token_id=VOCAB_SIZE - 1, eos_token_id=0,
         decoder_start_token_id=VOCAB_SIZE - 1, forced_eos_token_id=0)
     torch.manual_seed(args.seed)
-    MarianMTModel(config).eval().save_pretrained(args.out, safe_serialization=True)
+    model = MarianMTModel(config).eval()
+    with torch.no_grad():
+        model.final_logits_bias[0, config.eos_token_id] = args.eos_bias
+    model.save_pretrained(args.out, safe_serialization=True)
     print(f"wrote {args.out}: {VOCAB_SIZE} ids, "
-          f"{sum(p.numel() for p in MarianMTModel(config).parameters()) / 1e6:.1f}M parameters")
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+          f"EOS bias {args.eos_bias}")
 
 
 if __name__ == "__main__":
