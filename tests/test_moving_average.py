@@ -2,15 +2,17 @@
 update, in the checkpoint across a resume, and in the export with --export_weights=ema."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, make_trainer
+from conftest import make_trainer
+from trainer.data import tokenizer
+from trainer.model_dir import layout
 from trainer.model_dir.ema import decay_at
+from trainer.model_dir.weights import WeightsChoice
+from trainer.serving import saved_model
 from trainer.training.validation import Validator
 
 
@@ -69,26 +71,28 @@ def test_validation_scores_the_moving_average_when_the_export_ships_it(data, tmp
     assert trainer.validator(3) == scored
 
 
-@pytest.mark.slow
-def test_export_weights_ema_ships_the_moving_average(tmp_path):
-    model_dir, export_dir = tmp_path / "run", tmp_path / "export"
-    flags = ["--max_len=32", "--batch_tokens=512", "--eval_every=0",
-             "--warmup_steps=50", "--train_steps=12", "--checkpoint_every=6",
-             "--ema_decay=0.99", "--export_weights=ema", f"--model_dir={model_dir}",
-             f"--export_dir={export_dir}"]
-    result = subprocess.run([sys.executable, "-m", "trainer.task", *flags], cwd=REPO,
-                            capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_export_weights_ema_ships_the_moving_average(data, tmp_path):
+    """The export of a model directory whose checkpoint holds a moving average (the
+    export that trainer.task --export_weights=ema runs after training)."""
+    model_dir = tmp_path / "run"
+    trainer = make_trainer(data, tmp_path, "run", ema_decay=0.99)
+    trainer.restore()
+    for _ in range(3):
+        trainer.update.accumulate(trainer.stream.next())
+        trainer.update.apply()
+    trainer.checkpointer.save(3)
+    layout.save_config(str(model_dir), trainer.model.config)
+    tokenizer.copy_vocabulary(os.path.dirname(data.tokenizers.target.path), str(model_dir))
+    path = saved_model.export(str(model_dir), str(tmp_path / "export"),
+                              saved_model.Options(weights=WeightsChoice("ema")))
     checkpoint = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
     last = checkpoint.get_tensor("model/embedding/embeddings/.ATTRIBUTES/VARIABLE_VALUE")
     averages = [checkpoint.get_tensor(name) for name, shape
                 in tf.train.list_variables(tf.train.latest_checkpoint(str(model_dir)))
                 if name.startswith("moving_average/") and tuple(shape) == last.shape]
     assert len(averages) == 1
-    exported = tf.train.load_checkpoint(str(export_dir / "1" / "variables" / "variables"))
-    [name] = [n for n, shape in tf.train.list_variables(str(export_dir / "1" / "variables" /
-                                                            "variables"))
-              if tuple(shape) == last.shape]
-    np.testing.assert_array_equal(exported.get_tensor(name), averages[0])
+    variables = os.path.join(path, "variables", "variables")
+    [name] = [n for n, shape in tf.train.list_variables(variables) if tuple(shape) == last.shape]
+    np.testing.assert_array_equal(tf.train.load_checkpoint(variables).get_tensor(name),
+                                  averages[0])
     assert np.abs(averages[0] - last).max() > 1e-5
