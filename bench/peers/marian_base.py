@@ -11,9 +11,12 @@ Random weights translate into one token repeated until the length limit, which
 CTranslate2 sets per call and this project per sentence (source + 50), so the two would
 decode different outputs, and longer ones than a translation. --eos_bias raises EOS's entry
 of Marian's `final_logits_bias` (the output bias, 0 in a new model) so that the outputs end:
-at 1.5, after 16 or 17 words (pieces: the benchmark counts them). 15 minutes of fine-tuning
-on Multi30k (190 updates) did not end them: it made every output the same repeated
-sentence. docs/performance.md ("Decoding at OPUS-MT's size") times:
+at 1.5, after 16 to 19 pieces, in both engines. Not yet enough for a fair timing: with
+beam 4 and length penalty 0, CTranslate2 still runs every batch to its max_decoding_length
+(16 sentences: 3.0 s at 40, 6.4 s at 80, the same outputs), where our search stops once no
+live hypothesis can beat a finished one. 15 minutes of fine-tuning on Multi30k (190
+updates) did not end the outputs either: it made every output the same repeated sentence.
+docs/runs.md ("Issue 42: pretrained models, run by run") keeps what was measured.
 
     python bench/peers/marian_base.py --data=../shared/data/multi30k --eos_bias=1.5 \
         --out=/tmp/opus-mt-base
