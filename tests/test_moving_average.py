@@ -34,12 +34,17 @@ def test_the_moving_average_follows_its_definition_update_by_update(data, tmp_pa
     assert max(np.abs(a.numpy() - w).max() for a, w in zip(averages, weights)) > 1e-4
 
 
-def test_the_moving_average_is_in_the_checkpoint_and_survives_a_resume(data, tmp_path):
-    trainer = make_trainer(data, tmp_path, "resumed", ema_decay=0.99)
+def three_updates(trainer):
+    """The trainer, restored (its step 0), after three updates."""
     trainer.restore()
     for _ in range(3):
         trainer.update.accumulate(trainer.stream.next())
         trainer.update.apply()
+    return trainer
+
+
+def test_the_moving_average_is_in_the_checkpoint_and_survives_a_resume(data, tmp_path):
+    trainer = three_updates(make_trainer(data, tmp_path, "resumed", ema_decay=0.99))
     trainer.checkpointer.save(3)
     saved = [a.numpy() for a in trainer.checkpointer.moving_average.averages]
 
@@ -52,11 +57,8 @@ def test_the_moving_average_is_in_the_checkpoint_and_survives_a_resume(data, tmp
 
 
 def test_validation_scores_the_moving_average_when_the_export_ships_it(data, tmp_path):
-    trainer = make_trainer(data, tmp_path, "validated", ema_decay=0.9, export_weights="ema")
-    trainer.restore()
-    for _ in range(3):
-        trainer.update.accumulate(trainer.stream.next())
-        trainer.update.apply()
+    trainer = three_updates(make_trainer(data, tmp_path, "validated", ema_decay=0.9,
+                                         export_weights="ema"))
     variables = trainer.model.trainable_variables
     live = [v.numpy() for v in variables]
     trainer.validator = Validator(trainer.model, data, str(tmp_path / "validated"),
@@ -75,11 +77,7 @@ def test_export_weights_ema_ships_the_moving_average(data, tmp_path):
     """The export of a model directory whose checkpoint holds a moving average (the
     export that trainer.task --export_weights=ema runs after training)."""
     model_dir = tmp_path / "run"
-    trainer = make_trainer(data, tmp_path, "run", ema_decay=0.99)
-    trainer.restore()
-    for _ in range(3):
-        trainer.update.accumulate(trainer.stream.next())
-        trainer.update.apply()
+    trainer = three_updates(make_trainer(data, tmp_path, "run", ema_decay=0.99))
     trainer.checkpointer.save(3)
     layout.save_config(str(model_dir), trainer.model.config)
     tokenizer.copy_vocabulary(os.path.dirname(data.tokenizers.target.path), str(model_dir))
