@@ -7,19 +7,29 @@ shared vocabulary of 58,101 ids. The vocabulary: SentencePiece unigram models tr
 the Multi30k training text (6,000 pieces a side, Marian's special ids), their pieces first,
 then unused pieces up to 58,100, then <pad>.
 
-Random weights translate into one token repeated until the length limit, which
-CTranslate2 sets per call and this project per sentence (source + 50), so the two would
-decode different outputs, and longer ones than a translation. --eos_bias raises EOS's entry
-of Marian's `final_logits_bias` (the output bias, 0 in a new model) so that the outputs end:
-at 1.5, after 16 to 19 pieces, in both engines. Not yet enough for a fair timing: with
-beam 4 and length penalty 0, CTranslate2 still runs every batch to its max_decoding_length
-(16 sentences: 3.0 s at 40, 6.4 s at 80, the same outputs), where our search stops once no
-live hypothesis can beat a finished one. 15 minutes of fine-tuning on Multi30k (190
-updates) did not end the outputs either: it made every output the same repeated sentence.
-docs/runs.md ("Issue 42: pretrained models, run by run") keeps what was measured.
+Random weights translate into one token repeated until the length limit, and the two
+engines set that limit differently (CTranslate2 per call, this project per sentence: source
++ 50), so they would decode different outputs of a length no translation has. Raising EOS's
+output bias did not fix it (docs/runs.md, "Issue 42: pretrained models, run by run"): with
+beam 4 and length penalty 0, CTranslate2's search stops only when a step's best candidate
+is EOS, which on nearly flat distributions never happens. So the weights are random but
+shaped to end every output after --output_length pieces (15 by default: test2016's German
+references average 14.9 pieces in this target vocabulary), with EOS ranking first:
+- every residual branch (attention and feed-forward outputs) is scaled by 0.1, so that the
+  decoder's last hidden state stays near LayerNorm(embedding of the previous piece +
+  position): the previous piece scores highest and repeats;
+- EOS's embedding, which Marian shares with the output projection, is the position
+  encoding of the step where the output should end, restricted to its fast sines and
+  cosines (periods under 21 positions), and every other embedding loses its component
+  along it: EOS's logit then depends on the position alone, near 0 until two steps before
+  that step, where it overtakes the repeated piece's. (Without that projection, some first
+  pieces give EOS a high logit at once, and beam search finds one-word outputs that
+  CTranslate2's search, which takes EOS only among its beam-size best candidates, misses.)
+The outputs are then one piece repeated 15 times, the same in both engines, and each batch
+costs what a batch of 15-piece translations would. A self-check decodes 4 sentences
+greedily with transformers and prints their lengths.
 
-    python bench/peers/marian_base.py --data=../shared/data/multi30k --eos_bias=1.5 \
-        --out=/tmp/opus-mt-base
+    python bench/peers/marian_base.py --data=../shared/data/multi30k --out=/tmp/opus-mt-base
     python -m trainer.convert --from=marian --input=/tmp/opus-mt-base \
         --model_dir=runs/opus-mt-base
 """
@@ -31,6 +41,9 @@ import os
 
 VOCAB_SIZE = 58101  # opus-mt-en-de's
 PIECES = 6000
+BRANCH_SCALE = 0.1  # residual branches' outputs: the decoder's state stays near its input
+FAST_RATE = 0.3  # position encoding rates (radians a position) that EOS's embedding keeps
+EOS_NORM = 1.5  # EOS's logit overtakes the repeated piece's one or two steps before the end
 
 
 def train_spm(path_in, path_out):
@@ -45,13 +58,56 @@ def train_spm(path_in, path_out):
     return spm.SentencePieceProcessor(model_file=path_out)
 
 
+def end_outputs(model, length: int):
+    """Shapes `model` (a MarianMTModel) so that every output ends after `length` pieces: the
+    residual branches scaled by BRANCH_SCALE, EOS's embedding the fast part of the position
+    encoding of the step that should be EOS, and the other embeddings orthogonal to it (see
+    the module docstring)."""
+    import torch
+    layers = list(model.model.encoder.layers) + list(model.model.decoder.layers)
+    with torch.no_grad():
+        for layer in layers:
+            branches = [layer.self_attn.out_proj, layer.fc2]
+            if hasattr(layer, "encoder_attn"):
+                branches.append(layer.encoder_attn.out_proj)
+            for branch in branches:
+                branch.weight.mul_(BRANCH_SCALE)
+                branch.bias.mul_(BRANCH_SCALE)
+        half = model.config.d_model // 2
+        rates = 1.0 / 10000.0 ** (torch.arange(half) / half)
+        fast = (rates >= FAST_RATE).repeat(2)  # Marian's layout: all sines, then all cosines
+        end = model.model.decoder.embed_positions.weight[length + 1] * fast
+        end = end / end.norm()
+        embeddings = model.model.shared.weight
+        embeddings -= (embeddings @ end)[:, None] * end[None, :]
+        embeddings[model.config.eos_token_id] = EOS_NORM * end
+
+
+def self_check(model, checkpoint_dir, text_path):
+    """Greedy output lengths of the first 4 sentences of `text_path`, in pieces before EOS."""
+    import torch
+    from transformers import MarianTokenizer
+    tokenizer = MarianTokenizer.from_pretrained(checkpoint_dir)
+    texts = read_lines(text_path)[:4]
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=100)
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
+    return [int(((row != pad) & (row != eos)).sum()) for row in out]
+
+
+def read_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return [line.strip() for line in f]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="directory with train.en.gz, train.de.gz")
     parser.add_argument("--out", required=True, help="the checkpoint directory to write")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eos_bias", type=float, default=0.0,
-                        help="EOS's entry of final_logits_bias: > 0 ends the outputs sooner")
+    parser.add_argument("--output_length", type=int, default=15,
+                        help="pieces in every output before EOS (15: test2016's mean)")
     args = parser.parse_args()
     import torch
     from transformers import MarianConfig, MarianMTModel
@@ -79,12 +135,12 @@ def main():
         decoder_start_token_id=VOCAB_SIZE - 1, forced_eos_token_id=0)
     torch.manual_seed(args.seed)
     model = MarianMTModel(config).eval()
-    with torch.no_grad():
-        model.final_logits_bias[0, config.eos_token_id] = args.eos_bias
+    end_outputs(model, args.output_length)
     model.save_pretrained(args.out, safe_serialization=True)
     print(f"wrote {args.out}: {VOCAB_SIZE} ids, "
-          f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
-          f"EOS bias {args.eos_bias}")
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+    print("greedy output lengths (pieces before EOS) of 4 test2016 sentences:",
+          self_check(model, args.out, os.path.join(args.data, "test2016.en")))
 
 
 if __name__ == "__main__":
