@@ -38,6 +38,11 @@ import argparse
 import gzip
 import json
 import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for common
+import common  # noqa: E402
 
 VOCAB_SIZE = 58101  # opus-mt-en-de's
 PIECES = 6000
@@ -88,17 +93,12 @@ def self_check(model, checkpoint_dir, text_path):
     import torch
     from transformers import MarianTokenizer
     tokenizer = MarianTokenizer.from_pretrained(checkpoint_dir)
-    texts = read_lines(text_path)[:4]
+    texts = common.read_lines(text_path, 4)
     batch = tokenizer(texts, return_tensors="pt", padding=True)
     with torch.no_grad():
         out = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=100)
     pad, eos = model.config.pad_token_id, model.config.eos_token_id
     return [int(((row != pad) & (row != eos)).sum()) for row in out]
-
-
-def read_lines(path):
-    with open(path, encoding="utf-8") as f:
-        return [line.strip() for line in f]
 
 
 def main():
