@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import _env
-from trainer.data import tokenizer
+from trainer.data import vocabulary
 from trainer.model_dir import layout
 
 pytestmark = pytest.mark.slow
@@ -40,5 +40,5 @@ def test_the_averaged_directory_holds_the_mean_as_a_model_directory(exported, tm
     model = layout.restore_model(averaged_dir)
     np.testing.assert_array_equal(model.embedding.embeddings.numpy(),
                                   mean.get_tensor(EMBEDDING))
-    assert tokenizer.load_or_train(averaged_dir, None).target.vocab_size == \
+    assert vocabulary.load_or_train(averaged_dir, None).target.vocab_size == \
         model.config.vocab_size

@@ -16,7 +16,7 @@ import tensorflow_datasets as tfds
 
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 from trainer.config import DataConfig
-from trainer.data import input_pipeline, sources, tokenizer as tokenizer_lib
+from trainer.data import input_pipeline, sources, vocabulary
 from trainer.data.sources import DataError
 
 from conftest import MULTI30K, REPO
@@ -47,7 +47,7 @@ def multi30k(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory, multi30k):
     model_dir = str(tmp_path_factory.mktemp("vocab"))
-    return tokenizer_lib.load_or_train(model_dir, lambda: multi30k.texts("train"), vocab_size=2000)
+    return vocabulary.load_or_train(model_dir, lambda: multi30k.texts("train"), vocab_size=2000)
 
 
 def text_pairs(source: sources.Source, split: str):

@@ -18,7 +18,7 @@ from conftest import REPO, _env
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DecodeConfig, beam_search
 from keras_transformer.decoding import greedy_search
 from trainer.conversion import marian
-from trainer.data import tokenizer as tokenizer_lib
+from trainer.data import vocabulary
 from trainer.model_dir import layout
 from trainer.model_dir.weights import WeightsChoice
 from trainer.serving import saved_model
@@ -37,7 +37,7 @@ class Converted:
         marian.convert(str(self.input), str(self.model_dir))
         self.reference = json.loads((self.input / "reference.json").read_text("utf-8"))
         self.model = layout.restore_model(str(self.model_dir))
-        self.tokenizers = tokenizer_lib.load_or_train(str(self.model_dir), None)
+        self.tokenizers = vocabulary.load_or_train(str(self.model_dir), None)
         self.source_index = {p: i for i, p in enumerate(self.tokenizers.source.pieces())}
         self.target_pieces = self.tokenizers.target.pieces()
         target_vocab = self.input / ("vocab.json" if self.model.config.share_embeddings

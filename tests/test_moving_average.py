@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import make_trainer
-from trainer.data import tokenizer
+from trainer.data import vocabulary
 from trainer.model_dir import layout
 from trainer.model_dir.ema import decay_at
 from trainer.model_dir.weights import WeightsChoice
@@ -80,7 +80,7 @@ def test_export_weights_ema_ships_the_moving_average(data, tmp_path):
     trainer = three_updates(make_trainer(data, tmp_path, "run", ema_decay=0.99))
     trainer.checkpointer.save(3)
     layout.save_config(str(model_dir), trainer.model.config)
-    tokenizer.copy_vocabulary(os.path.dirname(data.tokenizers.target.path), str(model_dir))
+    vocabulary.copy_vocabulary(os.path.dirname(data.tokenizers.target.path), str(model_dir))
     path = saved_model.export(str(model_dir), str(tmp_path / "export"),
                               saved_model.Options(weights=WeightsChoice("ema")))
     checkpoint = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))

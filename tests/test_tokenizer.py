@@ -8,7 +8,7 @@ import unicodedata
 import pytest
 import tensorflow as tf
 
-from trainer.data import tokenizer as tokenizer_lib
+from trainer.data import tokenizer as tokenizer_lib, vocabulary
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from trainer.data.tokenizer import Tokenizer
 
@@ -29,7 +29,7 @@ def training_text():
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory, training_text):
     model_dir = str(tmp_path_factory.mktemp("shared_vocab"))
-    return tokenizer_lib.load_or_train(model_dir, lambda: training_text, vocab_size=2000).source
+    return vocabulary.load_or_train(model_dir, lambda: training_text, vocab_size=2000).source
 
 
 def round_trip(tokenizer, sentences):
@@ -101,7 +101,7 @@ def test_tokenizers_outlive_reseeding_and_keep_their_own_vocabularies(tokenizer,
     # Seeding drops TF's kernel cache, which held tensorflow_text's own SentencePiece
     # resource: afterwards every use failed with NotFound.
     import keras
-    smaller = tokenizer_lib.load_or_train(str(tmp_path), lambda: training_text,
+    smaller = vocabulary.load_or_train(str(tmp_path), lambda: training_text,
                                           vocab_size=1000).source
     text = tf.constant(training_text[0][:50])
     before = [t.tokenize(text) for t in (tokenizer, smaller)]
@@ -117,37 +117,37 @@ def test_tokenizers_outlive_reseeding_and_keep_their_own_vocabularies(tokenizer,
 
 def test_existing_vocabulary_is_loaded_not_retrained(tmp_path, training_text):
     model_dir = str(tmp_path)
-    first = tokenizer_lib.load_or_train(model_dir, lambda: training_text, vocab_size=1000)
+    first = vocabulary.load_or_train(model_dir, lambda: training_text, vocab_size=1000)
     assert (tmp_path / "spm.model").exists() and first.shared
 
     def must_not_train():
         raise AssertionError("the vocabulary was retrained")
 
-    again = tokenizer_lib.load_or_train(model_dir, must_not_train)
+    again = vocabulary.load_or_train(model_dir, must_not_train)
     assert again.source.model_proto == first.source.model_proto and again.shared
     with pytest.raises(tokenizer_lib.VocabularyError, match="1000 pieces but vocab_size=1200"):
-        tokenizer_lib.load_or_train(model_dir, must_not_train, vocab_size=1200)
+        vocabulary.load_or_train(model_dir, must_not_train, vocab_size=1200)
     with pytest.raises(tokenizer_lib.VocabularyError, match="shared vocabulary"):
-        tokenizer_lib.load_or_train(model_dir, must_not_train, separate=True)
+        vocabulary.load_or_train(model_dir, must_not_train, separate=True)
     # A source's default size only sizes a new vocabulary: an existing one of another
     # size (a model directory of an older version) is loaded as it is.
-    kept = tokenizer_lib.load_or_train(model_dir, must_not_train, default_size=600)
+    kept = vocabulary.load_or_train(model_dir, must_not_train, default_size=600)
     assert kept.source.vocab_size == 1000
 
 
 def test_a_default_size_sizes_a_new_vocabulary_and_a_given_size_overrides_it(tmp_path,
                                                                             training_text):
-    sized = tokenizer_lib.load_or_train(str(tmp_path / "a"), lambda: training_text,
+    sized = vocabulary.load_or_train(str(tmp_path / "a"), lambda: training_text,
                                         default_size=700)
     assert sized.source.vocab_size == 700
-    given = tokenizer_lib.load_or_train(str(tmp_path / "b"), lambda: training_text,
+    given = vocabulary.load_or_train(str(tmp_path / "b"), lambda: training_text,
                                         vocab_size=900, default_size=700)
     assert given.source.vocab_size == 900
 
 
 def test_separate_vocabularies_are_trained_per_language(tmp_path, training_text):
     english, german = training_text
-    tokenizers = tokenizer_lib.load_or_train(str(tmp_path), lambda: training_text,
+    tokenizers = vocabulary.load_or_train(str(tmp_path), lambda: training_text,
                                              vocab_size=800, separate=True)
     assert not tokenizers.shared
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spm_source.model", "spm_target.model"]
@@ -157,7 +157,7 @@ def test_separate_vocabularies_are_trained_per_language(tmp_path, training_text)
     assert source_pieces < 0.8 * target_pieces
     assert round_trip(tokenizers.target, german[:200]) == german[:200]
     with pytest.raises(tokenizer_lib.VocabularyError, match="separate vocabularies"):
-        tokenizer_lib.load_or_train(str(tmp_path), lambda: training_text)
+        vocabulary.load_or_train(str(tmp_path), lambda: training_text)
 
 
 def test_default_vocab_size_follows_the_documented_rule(training_text):
@@ -209,11 +209,11 @@ def test_an_existing_sentencepiece_model_is_adopted_not_retrained(tmp_path, trai
     without the project's special ids is one error naming it."""
     model = tmp_path / "given.model"
     model.write_bytes(tokenizer_lib.train_sentencepiece(training_text[0], 500))
-    tokenizer_lib.adopt([str(model)], str(tmp_path / "run"))
-    tokenizers = tokenizer_lib.load_or_train(str(tmp_path / "run"), None)
-    assert (tmp_path / "run" / tokenizer_lib.SHARED_MODEL).read_bytes() == model.read_bytes()
+    vocabulary.adopt([str(model)], str(tmp_path / "run"))
+    tokenizers = vocabulary.load_or_train(str(tmp_path / "run"), None)
+    assert (tmp_path / "run" / vocabulary.SHARED_MODEL).read_bytes() == model.read_bytes()
     assert tokenizers.shared and tokenizers.source.vocab_size == 500
     marian = Path(__file__).parent / "fixtures" / "marian" / "shared_swish" / "source.spm"
     with pytest.raises(tokenizer_lib.VocabularyError, match=f"{marian} has pad/unk/bos/eos"):
-        tokenizer_lib.adopt([str(marian)], str(tmp_path / "other"))
+        vocabulary.adopt([str(marian)], str(tmp_path / "other"))
     assert not (tmp_path / "other").exists()

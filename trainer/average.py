@@ -22,11 +22,11 @@ def main(argv):
     del argv
     if not FLAGS.model_dir:
         cli.fail("--model_dir is required")
-    from trainer.data import tokenizer as tokenizer_lib
+    from trainer.data import vocabulary
     from trainer.model_dir import averaging
     try:
         # The averaged directory gets a copy of the vocabulary: it must be readable.
-        tokenizer_lib.load_or_train(FLAGS.model_dir, None)
+        vocabulary.load_or_train(FLAGS.model_dir, None)
         path, averaged = averaging.write_averaged(
             FLAGS.model_dir, FLAGS.last,
             warn=lambda message: print(f"{cli.program()}: {message}", file=sys.stderr))

@@ -16,7 +16,7 @@ import tensorflow as tf
 from keras_transformer import Transformer, TransformerConfig
 from trainer.config import DataConfig, RunConfig
 from trainer.data import input_pipeline, sources
-from trainer.data import tokenizer
+from trainer.data import vocabulary
 from trainer.data.tokenizer import Tokenizers
 from trainer.model_dir import layout
 from trainer.model_dir.ema import MovingAverage
@@ -93,7 +93,7 @@ def train_and_export(model_config: TransformerConfig, data_config: DataConfig, r
     keras.utils.set_random_seed(run.seed)
     source = sources.select(data_config)
     if run.init_from and not tf.train.latest_checkpoint(run.model_dir):
-        tokenizer.copy_vocabulary(run.init_from, run.model_dir)
+        vocabulary.copy_vocabulary(run.init_from, run.model_dir)
     data = input_pipeline.build(source, run.model_dir, data_config)
     log(f"data: {data.report}")
     model_config = sized_to_vocabulary(model_config, data.tokenizers)

@@ -5,7 +5,7 @@ The input is a checkpoint as downloaded: config.json, model.safetensors (or
 pytorch_model.bin, read only through torch's weights_only loader, and only when torch is
 installed), source.spm, target.spm and vocab.json (plus target_vocab.json when the
 vocabularies are separate). The output is an ordinary model directory: config.json,
-the two SentencePiece models with `vocabulary.json` (trainer/data/tokenizer.py), and
+the two SentencePiece models with `vocabulary.json` (trainer/data/vocabulary.py), and
 checkpoint ckpt-0 of the weights, which trainer.export, translate, evaluate, visualize
 and `trainer.task --init_from` read as they read a trained one.
 
@@ -41,7 +41,7 @@ import numpy as np
 
 from keras_transformer import Transformer, TransformerConfig
 from trainer.conversion import ConversionError, safetensors
-from trainer.data import tokenizer as tokenizer_lib
+from trainer.data import tokenizer as tokenizer_lib, vocabulary
 from trainer.model_dir import layout
 
 DESCRIPTION = "a Hugging Face Marian checkpoint (OPUS-MT)"
@@ -280,14 +280,14 @@ def _write(directory: str, model: Transformer, config: TransformerConfig, input_
     for name in ("source.spm", "target.spm"):
         with open(os.path.join(input_dir, name), "rb") as f:
             models.append(f.read())
-    tokenizer_lib.save_converted(directory, *models, vocabularies[0].pieces,
+    vocabulary.save_converted(directory, *models, vocabularies[0].pieces,
                                  vocabularies[1].pieces)
     try:
-        tokenizer_lib.load_converted(directory)
+        vocabulary.load_converted(directory)
     except tokenizer_lib.VocabularyError as e:
-        raise ConversionError(str(e).replace(os.path.join(directory, tokenizer_lib.SOURCE_MODEL),
+        raise ConversionError(str(e).replace(os.path.join(directory, vocabulary.SOURCE_MODEL),
                                              os.path.join(input_dir, "source.spm"))
-                              .replace(os.path.join(directory, tokenizer_lib.TARGET_MODEL),
+                              .replace(os.path.join(directory, vocabulary.TARGET_MODEL),
                                        os.path.join(input_dir, "target.spm"))) from None
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), directory,
                                          max_to_keep=1)

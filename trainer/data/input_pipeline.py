@@ -38,7 +38,7 @@ from keras_transformer.special_ids import EOS_ID, PAD_ID
 from trainer.model_dir import files
 from trainer.config import DataConfig
 from trainer.data import sources as sources_lib
-from trainer.data import tokenizer as tokenizer_lib
+from trainer.data import tokenizer as tokenizer_lib, vocabulary
 from trainer.data.sources import DataError
 
 # Bucket lengths grow by this factor (rounded up to a multiple of 8): at most
@@ -327,8 +327,8 @@ def build(source: sources_lib.Source, model_dir: str, config: DataConfig = DataC
         raise DataError(f"{len(config.train_weights)} train_weights for {len(corpora)} "
                         "training corpora")
     if config.spm_model:
-        tokenizer_lib.adopt(config.spm_model, model_dir)
-    tokenizers = tokenizer_lib.load_or_train(
+        vocabulary.adopt(config.spm_model, model_dir)
+    tokenizers = vocabulary.load_or_train(
         model_dir, lambda: source.texts("train", config.vocab_sample_pairs),
         vocab_size=config.vocab_size,
         separate=config.separate_vocabularies or len(config.spm_model or ()) == 2,

@@ -30,7 +30,7 @@ import numpy as np
 
 from keras_transformer import Transformer
 from keras_transformer.special_ids import BOS_ID, EOS_ID, UNK_ID
-from trainer.data import tokenizer as tokenizer_lib
+from trainer.data import tokenizer as tokenizer_lib, vocabulary
 from trainer.model_dir.weights import WeightsChoice, final_model
 from trainer.serving.exporters import MissingExtra
 
@@ -74,7 +74,7 @@ def export(model_dir: str, export_dir: str, options: Options = Options()) -> str
     """
     _ctranslate2()
     model, _ = final_model(model_dir, options.weights)
-    return write(model, tokenizer_lib.load_or_train(model_dir, None), export_dir,
+    return write(model, vocabulary.load_or_train(model_dir, None), export_dir,
                  options.quantization)
 
 
@@ -209,9 +209,9 @@ def write(model: Transformer, tokenizers: tokenizer_lib.Tokenizers, output_dir: 
 
     staging = output_dir.rstrip("/") + f".tmp-{os.getpid()}"
     KerasTransformerConverter().convert(staging, quantization=quantization, force=True)
-    files = ({tokenizer_lib.SHARED_MODEL: tokenizers.source} if tokenizers.shared else
-             {tokenizer_lib.SOURCE_MODEL: tokenizers.source,
-              tokenizer_lib.TARGET_MODEL: tokenizers.target})
+    files = ({vocabulary.SHARED_MODEL: tokenizers.source} if tokenizers.shared else
+             {vocabulary.SOURCE_MODEL: tokenizers.source,
+              vocabulary.TARGET_MODEL: tokenizers.target})
     for name, tokenizer in files.items():
         with open(os.path.join(staging, name), "wb") as f:
             f.write(tokenizer.model_proto)

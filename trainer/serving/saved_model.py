@@ -50,7 +50,7 @@ from typing import List, Tuple
 import tensorflow as tf
 
 from keras_transformer import DecodeConfig, Transformer
-from trainer.data import tokenizer as tokenizer_lib
+from trainer.data import vocabulary
 from trainer.model_dir.weights import WeightsChoice, final_model
 from trainer.serving import warmup, xla
 from trainer.serving.translator import Translator
@@ -148,7 +148,7 @@ def build_translator(model_dir: str, options: Options = Options()
         model = Transformer(float32_model.config, dtype="bfloat16")
         model.build()
         model.set_weights(float32_model.get_weights())
-    tokenizers = tokenizer_lib.load_or_train(model_dir, None)
+    tokenizers = vocabulary.load_or_train(model_dir, None)
     return Translator(model, tokenizers, options.decode), paths
 
 

@@ -1,0 +1,169 @@
+"""A model directory's vocabulary: its files, loaded, or trained when there are none.
+
+Files in the model directory: `spm.model` for a shared vocabulary, or
+`spm_source.model` and `spm_target.model` for separate ones. An existing file is
+loaded, never retrained, so a resumed run tokenizes exactly as before.
+
+A converted model (trainer.convert, e.g. from OPUS-MT) keeps its own SentencePiece
+models, which segment but do not number: `vocabulary.json` beside them lists the model's
+pieces in id order, for the source and the target (trainer/data/tokenizer.py applies
+them).
+"""
+
+import json
+import os
+from typing import Callable, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from trainer.data.tokenizer import Tokenizer, Tokenizers, VocabularyError, train_sentencepiece
+from trainer.model_dir import files
+
+SHARED_MODEL = "spm.model"
+SOURCE_MODEL = "spm_source.model"
+TARGET_MODEL = "spm_target.model"
+VOCABULARY = "vocabulary.json"
+# Every file a model directory's vocabulary may have.
+_FILES = (SHARED_MODEL, SOURCE_MODEL, TARGET_MODEL, VOCABULARY)
+
+
+def load_or_train(model_dir: str,
+                  sentences: Optional[Callable[[], Tuple[Sequence[str], Sequence[str]]]],
+                  vocab_size: Optional[int] = None,
+                  separate: bool = False,
+                  model_type: str = "bpe",
+                  default_size: Optional[int] = None) -> Tokenizers:
+    """Loads the vocabulary from `model_dir`, or trains and saves it there.
+
+    Args:
+      model_dir: directory (any tf.io.gfile path) that holds or will hold the
+        SentencePiece model(s).
+      sentences: called only when training is needed; returns (source sentences,
+        target sentences), the sample to learn from. None: the vocabulary must exist
+        (serving a trained model).
+      vocab_size: pieces per vocabulary; None = `default_size`. When a vocabulary
+        already exists, a given size must match it.
+      separate: separate source and target vocabularies instead of a shared one.
+      model_type: "bpe" or "unigram".
+      default_size: the size a new vocabulary gets when vocab_size is None (the
+        source's own, `Source.vocab_size`); None: `default_vocab_size` of the text each
+        vocabulary is trained on. An existing vocabulary is loaded whatever its size.
+    """
+    shared_path = os.path.join(model_dir, SHARED_MODEL)
+    source_path = os.path.join(model_dir, SOURCE_MODEL)
+    target_path = os.path.join(model_dir, TARGET_MODEL)
+    if tf.io.gfile.exists(os.path.join(model_dir, VOCABULARY)):
+        return _checked_size(load_converted(model_dir), vocab_size)
+    has_shared = tf.io.gfile.exists(shared_path)
+    separate_found = [tf.io.gfile.exists(p) for p in (source_path, target_path)]
+    has_separate = all(separate_found)
+    if any(separate_found) and not has_separate:
+        raise VocabularyError(f"{model_dir} has only one of {SOURCE_MODEL} and {TARGET_MODEL}")
+    if separate and has_shared:
+        raise VocabularyError(f"{shared_path} is a shared vocabulary but separate ones were asked "
+                              "for; use another model_dir or drop the separate option")
+    if not separate and has_separate:
+        raise VocabularyError(f"{model_dir} has separate vocabularies but a shared one was asked "
+                              "for; use another model_dir or ask for separate ones")
+
+    if separate and has_separate:
+        tokenizers = Tokenizers(Tokenizer.from_file(source_path), Tokenizer.from_file(target_path))
+    elif has_shared:
+        shared = Tokenizer.from_file(shared_path)
+        tokenizers = Tokenizers(shared, shared)
+    elif sentences is None:
+        raise VocabularyError(f"{model_dir} holds no vocabulary ({SHARED_MODEL}, or "
+                              f"{SOURCE_MODEL} and {TARGET_MODEL}): is it a model directory "
+                              "of python -m trainer.task?")
+    else:
+        tf.io.gfile.makedirs(model_dir)
+        source_text, target_text = sentences()
+        size = vocab_size if vocab_size is not None else default_size
+        if separate:
+            source = Tokenizer(train_sentencepiece(source_text, size, model_type))
+            target = Tokenizer(train_sentencepiece(target_text, size, model_type))
+            source.save(source_path)
+            target.save(target_path)
+            return Tokenizers(source, target)
+        shared = Tokenizer(train_sentencepiece(list(source_text) + list(target_text),
+                                               size, model_type))
+        shared.save(shared_path)
+        return Tokenizers(shared, shared)
+
+    return _checked_size(tokenizers, vocab_size)
+
+
+def _checked_size(tokenizers: Tokenizers, vocab_size: Optional[int]) -> Tokenizers:
+    """`tokenizers`, loaded from a model directory, if each has vocab_size pieces (or
+    vocab_size is None)."""
+    loaded = [tokenizers.source] if tokenizers.shared else [tokenizers.source, tokenizers.target]
+    for tokenizer in loaded:
+        if vocab_size is not None and tokenizer.vocab_size != vocab_size:
+            raise VocabularyError(
+                f"{tokenizer.path} has {tokenizer.vocab_size} pieces but vocab_size={vocab_size} "
+                "was asked for; an existing vocabulary is never retrained")
+    return tokenizers
+
+
+def has_vocabulary(model_dir: str) -> bool:
+    """Whether model_dir holds a vocabulary file (whole or not)."""
+    return any(tf.io.gfile.exists(os.path.join(model_dir, name)) for name in _FILES)
+
+
+def adopt(spm_models: Sequence[str], model_dir: str):
+    """Copies existing SentencePiece model(s) into model_dir as its vocabulary (one:
+    shared; two: the source's and the target's), unless it has one already; a model
+    without the project's special ids is a VocabularyError naming it."""
+    if has_vocabulary(model_dir):
+        return
+    targets = [SHARED_MODEL] if len(spm_models) == 1 else [SOURCE_MODEL, TARGET_MODEL]
+    for path, name in zip(spm_models, targets):
+        if not tf.io.gfile.exists(path):
+            raise VocabularyError(f"--spm_model={path}: no such file")
+        tokenizer = Tokenizer.from_file(path)  # checks it
+        tf.io.gfile.makedirs(model_dir)
+        tokenizer.save(os.path.join(model_dir, name))
+
+
+def copy_vocabulary(from_dir: str, to_dir: str):
+    """Copies from_dir's vocabulary files into to_dir, unless to_dir has a vocabulary
+    already (a run that starts from another model keeps that model's vocabulary)."""
+    if has_vocabulary(to_dir):
+        return
+    found = [name for name in _FILES if tf.io.gfile.exists(os.path.join(from_dir, name))]
+    if not found:
+        raise VocabularyError(f"{from_dir} holds no vocabulary ({SHARED_MODEL}, or "
+                              f"{SOURCE_MODEL} and {TARGET_MODEL}): is it a model directory?")
+    tf.io.gfile.makedirs(to_dir)
+    for name in found:
+        with tf.io.gfile.GFile(os.path.join(from_dir, name), "rb") as f:
+            files.write_atomically(os.path.join(to_dir, name), f.read())
+
+
+def save_converted(model_dir: str, source_model: bytes, target_model: bytes,
+                   source_vocabulary: Sequence[str], target_vocabulary: Sequence[str]):
+    """Writes a converted model's SentencePiece models and VOCABULARY to model_dir."""
+    files.write_atomically(os.path.join(model_dir, SOURCE_MODEL), source_model)
+    files.write_atomically(os.path.join(model_dir, TARGET_MODEL), target_model)
+    vocabulary = {"source": list(source_vocabulary), "target": list(target_vocabulary)}
+    files.write_atomically(os.path.join(model_dir, VOCABULARY),
+                           json.dumps(vocabulary, ensure_ascii=False).encode("utf-8"))
+
+
+def load_converted(model_dir: str) -> Tokenizers:
+    """The tokenizers of a converted model's directory (see the module's docstring)."""
+    path = os.path.join(model_dir, VOCABULARY)
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            vocabulary = json.loads(f.read().decode("utf-8"))
+        source, target = vocabulary["source"], vocabulary["target"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise VocabularyError(f"{path} is damaged ({type(e).__name__}): restore it from a "
+                              "copy, or convert the model again") from None
+    models = [os.path.join(model_dir, name) for name in (SOURCE_MODEL, TARGET_MODEL)]
+    for model in models:
+        if not tf.io.gfile.exists(model):
+            raise VocabularyError(f"{model} is missing: {path} needs a SentencePiece model "
+                                  "for each side")
+    return Tokenizers(Tokenizer.from_file(models[0], source),
+                      Tokenizer.from_file(models[1], target))
