@@ -18,9 +18,9 @@ whitespace-clean. Byte fallback is on: a character the vocabulary does not cover
 becomes its UTF-8 bytes instead of <unk>, so nothing else is lost.
 
 A converted model's SentencePiece models (trainer.convert, e.g. from OPUS-MT) segment but
-do not number: its tokenizers take the model's pieces in id order, and a piece the list
-lacks is UNK. A leading target-language code of a multilingual model (">>fra<<") is one
-piece, as in Hugging Face's MarianTokenizer.
+do not number: its tokenizers number pieces by the model's own list of them in id order
+(`Tokenizer`'s `vocabulary`), and a piece the list lacks is UNK. A leading target-language
+code of a multilingual model (">>fra<<") is one piece, as in Hugging Face's MarianTokenizer.
 
 The files a model directory keeps them in: trainer/data/vocabulary.py.
 """
