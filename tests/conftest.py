@@ -4,7 +4,7 @@ subprocess (the fixtures `exported`, `loaded`, `translator`, `sentencepiece`), w
 export, signature and CLI test shares (under pytest-xdist, all workers: trained once).
 Also what several test files share, so that no test module imports another: the decoding
 tests' copy task (`copy_model`, `copy_sources`, `decode`, ...), the training tests' `data`
-and `make_trainer`, and the task tests' `QUICK` flags and model-directory readers
+`make_trainer` and `one_update`, and the task tests' `QUICK` flags and model-directory readers
 (`summaries`, `latest_step`, `free_port`)."""
 
 import dataclasses
@@ -298,6 +298,13 @@ def make_trainer(data, tmp_path, name, **run):
     weights = INITIAL_WEIGHTS.setdefault(config, trainer.model.get_weights())
     trainer.model.set_weights(weights)
     return trainer
+
+
+def one_update(trainer):
+    """One update of `trainer` from its stream's next batch (a run with accum_steps 1, as
+    `make_trainer` builds); returns its StepStatistics."""
+    trainer.update.accumulate(trainer.stream.next())
+    return trainer.update.apply()
 
 
 # The task tests' flags and model-directory readers (test_task.py, test_preemption.py,

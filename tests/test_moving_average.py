@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import make_trainer
+from conftest import make_trainer, one_update
 from trainer.data import vocabulary
 from trainer.model_dir import layout
 from trainer.model_dir.ema import decay_at
@@ -22,8 +22,7 @@ def test_the_moving_average_follows_its_definition_update_by_update(data, tmp_pa
     averages = trainer.checkpointer.moving_average.averages
     expected = [a.numpy().astype(np.float64) for a in averages]
     for step in range(1, 5):
-        trainer.update.accumulate(trainer.stream.next())
-        trainer.update.apply()
+        one_update(trainer)
         d = min(0.9, (1 + step) / (10 + step))
         assert float(decay_at(0.9, step)) == pytest.approx(d)
         weights = [w.numpy() for w in trainer.model.trainable_variables]
@@ -38,8 +37,7 @@ def three_updates(trainer):
     """The trainer, restored (its step 0), after three updates."""
     trainer.restore()
     for _ in range(3):
-        trainer.update.accumulate(trainer.stream.next())
-        trainer.update.apply()
+        one_update(trainer)
     return trainer
 
 

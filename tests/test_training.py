@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import INITIAL_WEIGHTS, make_trainer, summaries
+from conftest import INITIAL_WEIGHTS, make_trainer, one_update, summaries
 from keras_transformer import (LabelSmoothedCrossEntropy, Transformer, WarmupSchedule,
                                label_smoothed_cross_entropy)
 from trainer.config import PRECISIONS
@@ -190,8 +190,7 @@ def losses_by_update(trainer, updates):
         applied = int(trainer.optimizer.iterations.numpy())
         if applied == updates:
             return losses
-        trainer.update.accumulate(trainer.stream.next())
-        losses[applied] = float(trainer.update.apply().loss)
+        losses[applied] = float(one_update(trainer).loss)
         assert np.isfinite(losses[applied]), (applied, losses)
     raise AssertionError(f"{updates} updates not applied in {updates + 16} steps: {losses}")
 
