@@ -3,7 +3,7 @@ model trained and exported once per session by the real `python -m trainer.task`
 subprocess (the fixtures `exported`, `loaded`, `translator`, `sentencepiece`), which every
 export, signature and CLI test shares (under pytest-xdist, all workers: trained once).
 Also what several test files share, so that no test module imports another: the decoding
-tests' copy task (`copy_model`, `copy_sources`, `decode`, ...), the training tests' `data`
+tests' copy task (`copy_model`, `copy_sources`, `decode`, ...), the training tests' `data`,
 `make_trainer` and `one_update`, and the task tests' `QUICK` flags and model-directory readers
 (`summaries`, `latest_step`, `free_port`)."""
 
