@@ -34,7 +34,6 @@ decoder of different sizes, an untied output projection, other activations.
 
 import json
 import os
-import shutil
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -42,7 +41,7 @@ import numpy as np
 from keras_transformer import Transformer, TransformerConfig
 from trainer.conversion import ConversionError, safetensors
 from trainer.data import tokenizer as tokenizer_lib, vocabulary
-from trainer.model_dir import layout
+from trainer.model_dir import files, layout
 
 DESCRIPTION = "a Hugging Face Marian checkpoint (OPUS-MT)"
 # Marian's activation names -> TransformerConfig.activation.
@@ -78,15 +77,13 @@ def convert(input_dir: str, model_dir: str) -> TransformerConfig:
     model.build()
     _assign(model, _Weights(tensors, _weights_path(input_dir), _prefix(tensors)), config,
             vocabularies)
-    staging = model_dir.rstrip("/") + f".tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        _write(staging, model, config, input_dir, vocabularies)
-        if os.path.exists(model_dir):
-            os.rmdir(model_dir)  # empty, checked above
-        os.rename(staging, model_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with files.staged_directory(os.path.dirname(os.path.abspath(model_dir))) as staging:
+        _write(staging.path, model, config, input_dir, vocabularies)
+        try:
+            staging.publish(model_dir.rstrip("/"))  # into an empty model_dir, checked above
+        except FileExistsError:
+            raise ConversionError(f"{model_dir} was filled by another program during the "
+                                  "conversion: convert into a new directory") from None
     return config
 
 
@@ -271,10 +268,10 @@ def _feed_forward(weights: _Weights, name: str, layer, config: TransformerConfig
 
 def _write(directory: str, model: Transformer, config: TransformerConfig, input_dir: str,
            vocabularies: Tuple[_Vocabulary, _Vocabulary]):
-    """The model directory, in `directory`; its vocabulary is checked by loading it."""
+    """The model directory, in the empty `directory`; its vocabulary is checked by
+    loading it."""
     import tensorflow as tf
 
-    os.makedirs(directory)
     layout.save_config(directory, config)
     models = []
     for name in ("source.spm", "target.spm"):

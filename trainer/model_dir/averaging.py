@@ -50,21 +50,14 @@ def write_averaged(model_dir: str, last: int,
     """Averages the last `last` checkpoints into <model_dir>/averaged (replacing an earlier
     average). Returns (the new checkpoint prefix, the checkpoints averaged)."""
     model, paths = average_checkpoints(model_dir, last, warn)
-    out = os.path.join(model_dir, AVERAGED_DIR)
-    staging = out + ".tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
-    for name in os.listdir(model_dir):
-        if name == layout.CONFIG_FILE or name.endswith(".model"):
-            shutil.copy(os.path.join(model_dir, name), staging)
     step = int(paths[-1].rsplit("-", 1)[-1])
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), staging, max_to_keep=1)
-    manager.save(checkpoint_number=step)
-    shutil.rmtree(out, ignore_errors=True)
-    os.rename(staging, out)
-    # CheckpointManager recorded the staging path; point the state file at the final one
-    # (paths relative to the directory, as TensorFlow's state files allow).
-    files.write_atomically(os.path.join(out, "checkpoint"),
-                           f'model_checkpoint_path: "ckpt-{step}"\n'
-                           f'all_model_checkpoint_paths: "ckpt-{step}"\n')
+    with files.staged_directory(model_dir) as staging:
+        for name in os.listdir(model_dir):
+            if name == layout.CONFIG_FILE or name.endswith(".model"):
+                shutil.copy(os.path.join(model_dir, name), staging.path)
+        # The manager's state file names the checkpoint relative to its directory, so it
+        # still holds once the directory is renamed.
+        tf.train.CheckpointManager(tf.train.Checkpoint(model=model), staging.path,
+                                   max_to_keep=1).save(checkpoint_number=step)
+        out = staging.publish(os.path.join(model_dir, AVERAGED_DIR), replace=True)
     return os.path.join(out, f"ckpt-{step}"), paths

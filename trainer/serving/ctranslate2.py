@@ -24,13 +24,13 @@ them: see the README ("Serving with CTranslate2").
 
 import dataclasses
 import os
-import shutil
 
 import numpy as np
 
 from keras_transformer import Transformer
 from keras_transformer.special_ids import BOS_ID, EOS_ID, UNK_ID
 from trainer.data import tokenizer as tokenizer_lib, vocabulary
+from trainer.model_dir import files as model_files
 from trainer.model_dir.weights import WeightsChoice, final_model
 from trainer.serving.exporters import MissingExtra
 
@@ -207,14 +207,14 @@ def write(model: Transformer, tokenizers: tokenizer_lib.Tokenizers, output_dir: 
         def _load(self):
             return spec
 
-    staging = output_dir.rstrip("/") + f".tmp-{os.getpid()}"
-    KerasTransformerConverter().convert(staging, quantization=quantization, force=True)
     files = ({vocabulary.SHARED_MODEL: tokenizers.source} if tokenizers.shared else
              {vocabulary.SOURCE_MODEL: tokenizers.source,
               vocabulary.TARGET_MODEL: tokenizers.target})
-    for name, tokenizer in files.items():
-        with open(os.path.join(staging, name), "wb") as f:
-            f.write(tokenizer.model_proto)
-    shutil.rmtree(output_dir, ignore_errors=True)
-    os.rename(staging, output_dir)
+    with model_files.staged_directory(os.path.dirname(os.path.abspath(output_dir))) as staging:
+        KerasTransformerConverter().convert(staging.path, quantization=quantization,
+                                            force=True)
+        for name, tokenizer in files.items():
+            with open(os.path.join(staging.path, name), "wb") as f:
+                f.write(tokenizer.model_proto)
+        staging.publish(output_dir, replace=True)
     return output_dir

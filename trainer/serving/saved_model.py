@@ -9,10 +9,12 @@ Layout, as TF Serving expects:
   <export_dir>/<version>/assets.extra/export.json    checkpoints, beam settings, model config
 
 The version is one more than the highest already in export_dir (1 for a new one). The
-export is written to `<export_dir>/.tmp-<version>-<pid>` and renamed, so a server polling
-export_dir never sees a half-written version.
+export is written to a staging directory `<export_dir>/.tmp-<uuid>` and renamed
+(`trainer.model_dir.files.staged_directory`), so a server polling export_dir never sees a
+half-written version.
 
-Signatures (inputs -> outputs; trainer/serving/translator.py has the details):
+Signatures (inputs -> outputs; their details in trainer/serving/: translator.py the first
+five, options.py translate_with_options and sample, xla.py translate_xla):
 
   serving_default  inputs tf.string [batch] -> translations tf.string [batch],
                    scores float32 [batch]
@@ -44,13 +46,13 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 from typing import List, Tuple
 
 import tensorflow as tf
 
 from keras_transformer import DecodeConfig, Transformer
 from trainer.data import vocabulary
+from trainer.model_dir import files
 from trainer.model_dir.weights import WeightsChoice, final_model
 from trainer.serving import warmup, xla
 from trainer.serving.translator import Translator
@@ -181,16 +183,13 @@ def export(model_dir: str, export_dir: str, options: Options = Options()) -> str
             "weights": options.weights.kind, **options.decode.to_dict(),
             "serving_dtype": options.serving_dtype,
             "model": translator.model.config.to_dict(), "signatures": list(signatures)}
-    staging = _staging_dir(export_dir)
-    try:
-        tf.saved_model.save(_servable(translator), staging, signatures=signatures)
-        extra = os.path.join(staging, "assets.extra")
+    with files.staged_directory(export_dir) as staging:
+        tf.saved_model.save(_servable(translator), staging.path, signatures=signatures)
+        extra = os.path.join(staging.path, "assets.extra")
         tf.io.gfile.makedirs(extra)
         warmup.write(os.path.join(extra, warmup.FILE),
                      os.path.basename(os.path.abspath(export_dir)), options.decode)
         return _publish(staging, export_dir, info)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def read_info(saved_model: str) -> dict:
@@ -207,29 +206,14 @@ def read_info(saved_model: str) -> dict:
                           "with python -m trainer.export") from None
 
 
-def _staging_dir(export_dir: str) -> str:
-    """A fresh directory beside the versions, this process's own (the pid keeps two
-    concurrent exports out of each other's)."""
-    tf.io.gfile.makedirs(export_dir)
-    staging = os.path.join(export_dir, f".tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    return staging
-
-
-def _publish(staging: str, export_dir: str, info: dict) -> str:
-    """Renames `staging` to the next version of export_dir, with export.json (info and
+def _publish(staging: files.StagingDirectory, export_dir: str, info: dict) -> str:
+    """Publishes `staging` as the next version of export_dir, with export.json (info and
     the version) written into it; returns the version's path."""
     version = (versions(export_dir) or [0])[-1] + 1
     while True:
-        with tf.io.gfile.GFile(os.path.join(staging, "assets.extra", INFO_FILE), "w") as f:
+        with tf.io.gfile.GFile(os.path.join(staging.path, "assets.extra", INFO_FILE), "w") as f:
             json.dump({**info, "version": version}, f, indent=2)
-        final = os.path.join(export_dir, str(version))
         try:
-            # Atomic; fails if `final` exists and is not empty, i.e. another export took
-            # this version meanwhile: then take the next one.
-            os.rename(staging, final)
-            return final
-        except OSError:
-            if not os.path.isdir(final):
-                raise
+            return staging.publish(os.path.join(export_dir, str(version)))
+        except FileExistsError:  # another export took this version meanwhile
             version += 1
