@@ -12,7 +12,8 @@ _FUNCTIONS = {"relu": tf.nn.relu, "swish": tf.nn.silu,
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class PositionwiseFeedForward(keras.layers.Layer):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position alike.
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2, applied to each position alike; act is the
+    paper's max(0, .) by default.
 
     Args:
       d_model: input and output width (512 in the base model).

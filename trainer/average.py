@@ -2,7 +2,7 @@
 <model_dir>/averaged, a model directory of its own that `python -m trainer.export
 --model_dir=DIR/averaged` exports (or export with `--average_last=N` directly).
 
-The paper averages the last 5 (base) or 20 (big) checkpoints (trainer/training/averaging.py).
+The paper averages the last 5 (base) or 20 (big) checkpoints (trainer/model_dir/averaging.py).
 """
 
 import os

@@ -156,8 +156,9 @@ class RunConfig:
         20 for big; 0: the last checkpoint).
       ema_decay: keep an exponential moving average of the weights in the checkpoint, with
         this decay (e.g. 0.9999; trainer/model_dir/ema.py); 0: none.
-      export_weights: what the export ships: "last", "average" (average_last) or "ema";
-        None: "average" when average_last is set, else "last".
+      export_weights: what the export ships: "last", "average" (average_last), "ema"
+        (ema_decay) or "best" (keep_best); None: "average" when average_last is set, else
+        "last".
       seed: initial weights and dropout.
       keep_best: "bleu", "chrf" or "loss": keep the checkpoint with the best validation
         score apart from the rotating ones (trainer/model_dir/best.py), for

@@ -105,8 +105,9 @@ flags.DEFINE_float("ema_decay", RunConfig.ema_decay, "Keep an exponential moving
 flags.DEFINE_enum("export_weights", RunConfig.export_weights,
                   ("last", "average", "ema", "best"),
                   "What the export ships: the last checkpoint's weights, the mean of the "
-                  "last --average_last, or the moving average (--ema_decay) (default: "
-                  "average when --average_last is set, else last).")
+                  "last --average_last, the moving average (--ema_decay) or the best "
+                  "validation's checkpoint (--keep_best) (default: average when "
+                  "--average_last is set, else last).")
 flags.DEFINE_enum("keep_best", None, ("bleu", "chrf", "loss"), "Keep the checkpoint of "
                   "the best validation score in <model_dir>/best, apart from the rotating "
                   "ones (export it with --export_weights=best).")
