@@ -1,6 +1,6 @@
-"""Shared test set-up: quiet TensorFlow logs, paths to the shared data, and one tiny
-model trained and exported once per session by the real `python -m trainer.task` in a
-subprocess (the fixtures `exported`, `loaded`, `translator`, `sentencepiece`), which every
+"""Shared test set-up: quiet TensorFlow logs, where the Multi30k files are (and the skip of
+a test that reads them where they are not), and one tiny model trained and exported once
+per session by the real `python -m trainer.task` in a subprocess (the fixtures `exported`, `loaded`, `translator`, `sentencepiece`), which every
 export, signature and CLI test shares (under pytest-xdist, all workers: trained once).
 Also what several test files share, so that no test module imports another: the decoding
 tests' copy task (`copy_model`, `copy_sources`, `decode`, ...), the training tests' `data`,
@@ -28,8 +28,33 @@ from keras_transformer import (EOS_ID, Transformer, TransformerConfig,  # noqa: 
                                sequence_log_probs)
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
-MULTI30K = SHARED_DATA / "multi30k"
+# Multi30k as ../shared/data/multi30k holds it beside a development checkout, or where
+# MULTI30K_DIR says (a clone from GitHub: python -m trainer.data.multi30k --output_dir=DIR).
+MULTI30K = Path(os.environ.get("MULTI30K_DIR") or REPO.parent / "shared" / "data" / "multi30k")
+
+
+def multi30k_missing(*names) -> str:
+    """Why a test of the Multi30k files `names` (paths in MULTI30K) cannot run, naming the
+    missing ones; "" when they are all there."""
+    missing = [name for name in names if not (MULTI30K / name).is_file()]
+    if not missing:
+        return ""
+    return (f"needs Multi30k's {', '.join(missing)} in {MULTI30K}: set MULTI30K_DIR to "
+            "the directory of python -m trainer.data.multi30k --output_dir=DIR")
+
+
+def needs_multi30k(*names):
+    """A mark that skips a test (or a parametrized case) without those Multi30k files."""
+    reason = multi30k_missing(*names)
+    return pytest.mark.skipif(bool(reason), reason=reason)
+
+
+def require_multi30k(*names) -> Path:
+    """MULTI30K, in a fixture or test that reads `names` there; skips it without them."""
+    reason = multi30k_missing(*names)
+    if reason:
+        pytest.skip(reason)
+    return MULTI30K
 
 _CACHE = {}
 

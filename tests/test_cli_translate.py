@@ -9,7 +9,7 @@ import pytest
 import sacrebleu
 import tensorflow as tf
 
-from conftest import MULTI30K, run, sources
+from conftest import MULTI30K, needs_multi30k, run, sources
 
 # Each test runs the programs in subprocesses, or uses the model they trained.
 pytestmark = pytest.mark.slow
@@ -70,7 +70,7 @@ def test_evaluate_cli_prints_sacrebleu_and_chrf_with_signatures_of_its_translati
                      printed)
 
 
-@pytest.mark.skipif(not (MULTI30K / "tok").is_dir(), reason="needs ../shared/data/multi30k")
+@needs_multi30k("test2016.de", "val.de", "tok/test2016.lc.norm.tok.de", "tok/val.lc.norm.tok.de")
 def test_tokenized_bleu_tokenizes_output_exactly_as_the_official_multi30k_files():
     from trainer.cli import read_text
     from trainer.metrics import corpus_scores, moses_tokenized

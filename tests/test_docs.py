@@ -13,7 +13,7 @@ from conftest import REPO
 
 PAGES = sorted([REPO / "README.md", REPO / "bench" / "README.md",
                 *(REPO / "docs").glob("*.md")])
-COMMAND = re.compile(r"python -m trainer\.(\w+)([^\n`|#]*)")
+COMMAND = re.compile(r"python -m trainer\.(\w+(?:\.\w+)*)([^\n`|#]*)")
 FLAG = re.compile(r"(?<![\w-])--(\w+)")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -67,7 +67,7 @@ def test_every_command_flag_exists_in_its_program(page):
     text = page.read_text(encoding="utf-8")
     unknown = []
     for program, flags in commands(text):
-        assert (REPO / "trainer" / f"{program}.py").exists(), \
+        assert (REPO / "trainer" / f"{program.replace('.', '/')}.py").exists(), \
             f"{page.name}: python -m trainer.{program} is not a program"
         unknown += [f"trainer.{program} --{flag}" for flag in flags
                     if flag not in defined_flags(program)]
@@ -97,6 +97,8 @@ def test_the_checks_catch_what_they_look_for(tmp_path):
                     "[a](missing.md) [b](#title) [c](#no-such-heading)\n")
     (program, flags), = commands(page.read_text())
     assert program == "translate" and "made_up" in flags
+    assert list(commands("`python -m trainer.data.multi30k --output_dir=DIR`.")) == \
+        [("data.multi30k", ["output_dir"])]
     assert "made_up" not in defined_flags("translate")
     assert "saved_model" in defined_flags("translate")
     assert anchors(page) == {"title"}

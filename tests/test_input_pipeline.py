@@ -19,7 +19,7 @@ from trainer.config import DataConfig
 from trainer.data import input_pipeline, sources, vocabulary
 from trainer.data.sources import DataError
 
-from conftest import MULTI30K, REPO
+from conftest import REPO, require_multi30k
 
 PAIRS = 4000  # Multi30k training pairs used here, to stay fast.
 
@@ -33,15 +33,16 @@ def head(path: Path, n: int) -> bytes:
 @pytest.fixture(scope="module")
 def multi30k(tmp_path_factory):
     """Source over the first PAIRS training pairs of Multi30k (gzip, as the shared copy)."""
+    multi30k = require_multi30k("train.en.gz", "train.de.gz", "val.en", "val.de")
     directory = tmp_path_factory.mktemp("multi30k_head")
     files = {}
     for language in ("en", "de"):
         path = directory / f"train.{language}.gz"
-        path.write_bytes(gzip.compress(head(MULTI30K / f"train.{language}.gz", PAIRS)))
+        path.write_bytes(gzip.compress(head(multi30k / f"train.{language}.gz", PAIRS)))
         files[language] = str(path)
     return sources.ParallelFiles({
         "train": (files["en"], files["de"]),
-        "validation": (str(MULTI30K / "val.en"), str(MULTI30K / "val.de"))})
+        "validation": (str(multi30k / "val.en"), str(multi30k / "val.de"))})
 
 
 @pytest.fixture(scope="module")

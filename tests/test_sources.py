@@ -11,7 +11,7 @@ from trainer.config import DataConfig
 from trainer.data import builtin_corpus, sources
 from trainer.data.sources import DataError
 
-from conftest import MULTI30K
+from conftest import MULTI30K, needs_multi30k
 
 
 def write(path: Path, data: bytes) -> str:
@@ -96,6 +96,7 @@ def test_gzip_and_plain_files_give_the_same_pairs_in_order(tmp_path):
                                      ["Ein Mann.", "Zwei Hunde rennen.", "über alles"])
 
 
+@needs_multi30k("train.en.gz", "train.de.gz", "val.en", "val.de")
 def test_multi30k_files_are_read_in_order():
     source = sources.select(DataConfig(
         train_src=str(MULTI30K / "train.en.gz"), train_tgt=str(MULTI30K / "train.de.gz"),

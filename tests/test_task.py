@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import MULTI30K, QUICK, REPO, latest_step
+from conftest import MULTI30K, QUICK, REPO, latest_step, needs_multi30k
 
 # Each test runs the programs in subprocesses, or uses the model they trained.
 pytestmark = pytest.mark.slow
@@ -90,6 +90,10 @@ def test_flags_are_checked_without_tensorflow():
     assert result.returncode == 0 and result.stdout.strip() == "512", result.stderr
 
 
+# Real files for the checks that come after "no such file".
+NEEDS_FILES = needs_multi30k("val.en", "val.de", "test2016.en", "test2016.de")
+
+
 @pytest.mark.parametrize("flags,expected", [
     (["--config=huge"], "unknown preset --config=huge"),
     (["--train_src=/nonexistent/train.en", "--train_tgt=/nonexistent/train.de"],
@@ -98,17 +102,20 @@ def test_flags_are_checked_without_tensorflow():
     (["--hparams=d_modle=3"], "unknown field 'd_modle'"),
     (["--batch_tokens=many"], "flag --batch_tokens=many: invalid literal"),
     (["--precision=fp8"], "value should be one of"),
-    ([f"--train_src={MULTI30K}/val.en,{MULTI30K}/test2016.en", f"--train_tgt={MULTI30K}/val.de",
-      f"--eval_src={MULTI30K}/val.en", f"--eval_tgt={MULTI30K}/val.de"],
-     "train_src has 2 files but train_tgt has 1"),
-    ([f"--train_src={MULTI30K}/val.en,{MULTI30K}/test2016.en",
-      f"--train_tgt={MULTI30K}/val.de,{MULTI30K}/test2016.de", "--train_weights=0.7,-0.3",
-      f"--eval_src={MULTI30K}/val.en", f"--eval_tgt={MULTI30K}/val.de"],
-     "train_weights must all be positive, got 0.7,-0.3"),
-    ([f"--train_src={MULTI30K}/val.en,{MULTI30K}/test2016.en",
-      f"--train_tgt={MULTI30K}/val.de,{MULTI30K}/test2016.de", "--train_weights=1,2,3",
-      f"--eval_src={MULTI30K}/val.en", f"--eval_tgt={MULTI30K}/val.de"],
-     "train_weights has 3 weights for 2 training corpora"),
+    pytest.param([f"--train_src={MULTI30K}/val.en,{MULTI30K}/test2016.en",
+                  f"--train_tgt={MULTI30K}/val.de", f"--eval_src={MULTI30K}/val.en",
+                  f"--eval_tgt={MULTI30K}/val.de"],
+                 "train_src has 2 files but train_tgt has 1", marks=NEEDS_FILES),
+    pytest.param([f"--train_src={MULTI30K}/val.en,{MULTI30K}/test2016.en",
+                  f"--train_tgt={MULTI30K}/val.de,{MULTI30K}/test2016.de",
+                  "--train_weights=0.7,-0.3", f"--eval_src={MULTI30K}/val.en",
+                  f"--eval_tgt={MULTI30K}/val.de"],
+                 "train_weights must all be positive, got 0.7,-0.3", marks=NEEDS_FILES),
+    pytest.param([f"--train_src={MULTI30K}/val.en,{MULTI30K}/test2016.en",
+                  f"--train_tgt={MULTI30K}/val.de,{MULTI30K}/test2016.de",
+                  "--train_weights=1,2,3", f"--eval_src={MULTI30K}/val.en",
+                  f"--eval_tgt={MULTI30K}/val.de"],
+                 "train_weights has 3 weights for 2 training corpora", marks=NEEDS_FILES),
     (["--train_weights=1,x"], "--train_weights=1,x: not a list of numbers"),
     (["--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
 ])

@@ -12,7 +12,7 @@ from trainer.data import tokenizer as tokenizer_lib, vocabulary
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from trainer.data.tokenizer import Tokenizer
 
-from conftest import MULTI30K
+from conftest import require_multi30k
 
 
 def read_lines(path: Path, limit=None):
@@ -23,7 +23,8 @@ def read_lines(path: Path, limit=None):
 
 @pytest.fixture(scope="module")
 def training_text():
-    return (read_lines(MULTI30K / "train.en.gz", 3000), read_lines(MULTI30K / "train.de.gz", 3000))
+    multi30k = require_multi30k("train.en.gz", "train.de.gz")
+    return (read_lines(multi30k / "train.en.gz", 3000), read_lines(multi30k / "train.de.gz", 3000))
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +40,9 @@ def round_trip(tokenizer, sentences):
 def test_multi30k_round_trips_exactly(tokenizer):
     # Multi30k is NFKC and whitespace-clean, so nmt_nfkc normalisation leaves it unchanged
     # and detokenize(tokenize(s)) must give s back byte for byte, unseen words included.
-    sentences = [line for name in ("val.en", "val.de", "test2016.en", "test2016.de")
-                 for line in read_lines(MULTI30K / name)]
+    names = ("val.en", "val.de", "test2016.en", "test2016.de")
+    multi30k = require_multi30k(*names)
+    sentences = [line for name in names for line in read_lines(multi30k / name)]
     assert all(unicodedata.normalize("NFKC", s) == s == " ".join(s.split()) for s in sentences)
     assert round_trip(tokenizer, sentences) == sentences
 

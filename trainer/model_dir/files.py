@@ -9,15 +9,16 @@ import shutil
 import uuid
 from typing import Iterator, Union
 
-import tensorflow as tf
-
 
 def write_atomically(path: str, contents: Union[str, bytes]):
     """Writes `contents` to `path` through a temporary file of this call's own, renamed
     over `path`: a crash leaves no half file, a reader sees the old or the new contents,
     and the workers of a MultiWorkerMirroredStrategy, which write the same file into one
     model directory at once, never rename each other's temporary file away (a shared
-    temporary name fails them: tests/test_files.py)."""
+    temporary name fails them: tests/test_files.py). Paths may be any tf.io.gfile path."""
+    import tensorflow as tf  # here, not above: a program that writes only directories
+    # (python -m trainer.data.multi30k) starts without TensorFlow
+
     temporary = f"{path}.tmp-{uuid.uuid4().hex}"
     with tf.io.gfile.GFile(temporary, "wb" if isinstance(contents, bytes) else "w") as f:
         f.write(contents)
