@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import keras
+import numpy as np
 import pytest
-
 from conftest import QUICK, REPO, _env, summaries
+from keras_transformer import Transformer
 from trainer.conversion import marian
 from trainer.data import builtin_corpus
+from trainer.model_dir import layout
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +79,13 @@ def test_a_flag_that_contradicts_the_models_architecture_is_one_line(exported, t
     assert not (tmp_path / "run").exists()
 
 
-def test_a_converted_opus_mt_model_fine_tunes(tmp_path):
+def model_weights(model: keras.Model):
+    """[(variable path, array)] of every weight of a model, in the model's order (the same
+    for the same architecture; the paths' layer numbers may differ)."""
+    return [(weight.path, weight.numpy()) for weight in model.weights]
+
+
+def test_a_converted_opus_mt_model_fine_tunes_from_its_weights(tmp_path):
     """(Its export is test_marian's: the same programs read a fine-tuned directory.)"""
     converted = tmp_path / "opus-mt"
     marian.convert(str(FIXTURE), str(converted))
@@ -89,3 +98,21 @@ def test_a_converted_opus_mt_model_fine_tunes(tmp_path):
     assert (tmp_path / "tuned" / "vocabulary.json").read_bytes() == \
         (converted / "vocabulary.json").read_bytes()
     assert sorted(summaries(str(tmp_path / "tuned"), "loss")) == [1, 2]
+    # The converted weights were the start: two warm-up updates (each moves a weight by
+    # about the learning rate, 5e-4 per step here) leave every weight near them, where a
+    # random start of the same architecture lies far from them.
+    start = model_weights(layout.restore_model(str(converted)))
+    tuned = model_weights(layout.restore_model(str(tmp_path / "tuned")))
+    keras.utils.set_random_seed(0)
+    fresh = Transformer(layout.load_config(str(converted)))
+    fresh.build()
+    random_start = model_weights(fresh)
+    assert [a.shape for _, a in tuned] == [a.shape for _, a in start] == \
+        [a.shape for _, a in random_start] and len(start) > 30
+    moved = [np.abs(a - b).max() for (_, a), (_, b) in zip(tuned, start)]
+    apart = [np.abs(a - b).max() for (_, a), (_, b) in zip(random_start, start)]
+    assert max(moved) < 0.01, max(zip(moved, [name for name, _ in start]))
+    # Layer norms start at 1 and 0 either way; every other weight tells the starts apart.
+    alike = [name for (name, _), distance in zip(start, apart) if distance < 0.05]
+    assert all("norm" in name for name in alike), alike
+    assert len(alike) < len(start) / 2
