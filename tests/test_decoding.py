@@ -179,7 +179,7 @@ def test_one_exact_hypothesis_stops_sooner_with_the_same_best(copy_model, copy_s
     best_only = decode(beam_search, model, copy_sources, num_hypotheses=1)
     np.testing.assert_array_equal(best_only.ids[:, 0], decoded["beam"].ids[:, 0])
     np.testing.assert_allclose(best_only.scores[:, 0], decoded["beam"].scores[:, 0], atol=1e-5)
-    assert model.steps.numpy() <= all_exact
+    assert model.steps.numpy() < all_exact  # 9 steps against 10 on these sources
     with pytest.raises(ValueError, match="num_hypotheses"):
         beam_search(copy_model, copy_sources, beam_size=2, num_hypotheses=3)
 
