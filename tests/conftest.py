@@ -5,7 +5,7 @@ export, signature and CLI test shares (under pytest-xdist, all workers: trained 
 Also what several test files share, so that no test module imports another: the decoding
 tests' copy task (`copy_model`, `copy_sources`, `decode`, ...), the training tests' `data`,
 `make_trainer` and `one_update`, and the task tests' `QUICK` flags and model-directory readers
-(`summaries`, `latest_step`, `free_port`)."""
+(`summaries`, `checkpoint_weights`, `exported_weights`, `latest_step`, `free_port`)."""
 
 import dataclasses
 import fcntl
@@ -350,6 +350,23 @@ def summaries(model_dir, tag, sub="train"):
                 if value.tag == tag:
                     values[event.step] = float(tf.make_ndarray(value.tensor))
     return values
+
+
+def checkpoint_weights(model_dir, checkpoint=None):
+    """Every weight of a model directory's checkpoint (default: the newest), restored as
+    trainer.export restores it (by object, whatever names the checkpoint gives them), as
+    arrays in the model's order (`model.weights`)."""
+    from trainer.model_dir import layout
+    return [w.numpy() for w in layout.restore_model(str(model_dir), checkpoint and
+                                                    str(checkpoint)).weights]
+
+
+def exported_weights(version):
+    """Every weight an export version saved, as arrays in the model's order (the export
+    saves them as a list, "weights/<i>")."""
+    reader = tf.train.load_checkpoint(str(Path(version) / "variables" / "variables"))
+    count = sum(name.startswith("weights/") for name in reader.get_variable_to_shape_map())
+    return [reader.get_tensor(f"weights/{i}/.ATTRIBUTES/VARIABLE_VALUE") for i in range(count)]
 
 
 def latest_step(model_dir):

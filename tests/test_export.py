@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, run, sources
+from conftest import REPO, checkpoint_weights, exported_weights, run, sources
 
 # Each test runs the programs in subprocesses, or uses the model they trained.
 pytestmark = pytest.mark.slow
@@ -349,26 +349,15 @@ def test_export_cli_averages_into_the_next_version_that_appears_only_complete(ex
     info = json.loads((export_dir / "8" / "assets.extra" / "export.json").read_text())
     assert [os.path.basename(p) for p in info["checkpoints"]] == ["ckpt-15", "ckpt-30"]
 
-    # Its weights are the mean of the two checkpoints'.
-    embedding = exported_embedding(export_dir / "8")
-    first = tf.train.load_checkpoint(str(exported.model_dir / "ckpt-15"))
-    last = tf.train.load_checkpoint(str(exported.model_dir / "ckpt-30"))
-    name = "model/embedding/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
-    np.testing.assert_allclose(embedding, (first.get_tensor(name) + last.get_tensor(name)) / 2,
-                               rtol=1e-6)
-    assert not np.allclose(embedding, last.get_tensor(name))
-
-
-def exported_embedding(version):
-    """The shared embedding matrix of an export (the one weight of shape [vocab, d_model]),
-    as saved; the export saves the weights as a list ("weights/<i>")."""
-    reader = tf.train.load_checkpoint(str(version / "variables" / "variables"))
-    shapes = reader.get_variable_to_shape_map()
-    vocab = json.loads((version / "assets.extra" / "export.json").read_text())["model"]
-    found = [name for name, shape in shapes.items()
-             if shape == [vocab["vocab_size"], vocab["d_model"]]]
-    assert len(found) == 1 and found[0].startswith("weights/"), found
-    return reader.get_tensor(found[0])
+    # Every weight is the mean of the two checkpoints'.
+    first, last = (checkpoint_weights(exported.model_dir, exported.model_dir / name)
+                   for name in ("ckpt-15", "ckpt-30"))
+    weights = exported_weights(export_dir / "8")
+    assert len(weights) == len(last) > 50
+    for weight, a, b in zip(weights, first, last):
+        np.testing.assert_allclose(weight, (a.astype(np.float64) + b) / 2, rtol=1e-6,
+                                   atol=1e-7)
+    assert sum(not np.allclose(weight, b) for weight, b in zip(weights, last)) > len(last) / 2
 
 
 def test_the_xla_signature_translates_as_serving_default_in_a_fresh_process(exported,
@@ -440,10 +429,10 @@ def test_a_bfloat16_export_keeps_bfloat16_weights_and_scores_close_to_float32(
     version = export_dir / "1"
     info = json.loads((version / "assets.extra" / "export.json").read_text())
     assert info["serving_dtype"] == "bfloat16"
-    assert exported_embedding(version).dtype == tf.bfloat16.as_numpy_dtype
-    reader = tf.train.load_checkpoint(str(version / "variables" / "variables"))
-    assert {dtype for name, dtype in reader.get_variable_to_dtype_map().items()
-            if name.startswith("weights/")} == {tf.bfloat16}
+    weights = exported_weights(version)
+    assert {weight.dtype for weight in weights} == {np.dtype(tf.bfloat16.as_numpy_dtype)}
+    for weight, f32 in zip(weights, checkpoint_weights(exported.model_dir)):
+        np.testing.assert_array_equal(weight, f32.astype(tf.bfloat16.as_numpy_dtype))
     types = _op_types(version)
     assert all(t.startswith("Sentencepiece") for t in types if not hasattr(tf.raw_ops, t))
     # The same pairs score alike: bfloat16 keeps about 3 significant digits per weight.
