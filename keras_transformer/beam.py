@@ -73,6 +73,18 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
     then keeps 1 <= num_hypotheses <= beam_size and extra_length >= 0).
     Returns:
       DecodeResult with beam = beam_size, hypotheses sorted by score.
+
+    Example: an untrained model, whose tokens are arbitrary but whose n-best's form is not.
+
+    >>> import tensorflow as tf
+    >>> from keras_transformer import Transformer, TransformerConfig, beam_search
+    >>> model = Transformer(TransformerConfig.tiny(vocab_size=20))
+    >>> model.build()
+    >>> result = beam_search(model, tf.constant([[5, 6, 7, 3]]), beam_size=2, extra_length=3)
+    >>> tuple(result.ids.shape), tuple(result.scores.shape)  # [batch, beam, 4 + 3], [batch, beam]
+    ((1, 2, 7), (1, 2))
+    >>> bool(result.scores[0, 0] >= result.scores[0, 1])  # best first
+    True
     """
     num_hypotheses = beam_size if num_hypotheses is None else num_hypotheses
     if not any(map(tf.is_tensor, (beam_size, num_hypotheses))) and not (

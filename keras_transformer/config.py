@@ -52,6 +52,18 @@ class TransformerConfig:
         (section 3.4 has none; Marian has one).
       sinusoid_layout: one of SINUSOID_LAYOUTS; "interleaved" as in section 3.5's formula
         (Marian: "concatenated").
+
+    Example:
+
+    >>> import dataclasses
+    >>> from keras_transformer import TransformerConfig
+    >>> base = TransformerConfig.base()
+    >>> base.num_layers, base.d_model, base.d_ff, base.num_heads, base.d_k
+    (6, 512, 2048, 8, 64)
+    >>> dataclasses.replace(base, num_heads=1).d_k  # Table 3 row (A): h = 1, d_k = 512
+    512
+    >>> TransformerConfig.from_dict(base.to_dict()) == base
+    True
     """
 
     vocab_size: int = 37000

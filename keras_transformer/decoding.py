@@ -74,6 +74,12 @@ def length_penalty(length, alpha):
       alpha: float, 0 turns the penalty off (lp = 1).
     Returns:
       float32, the shape of `length`.
+
+    Example:
+
+    >>> from keras_transformer import length_penalty
+    >>> round(float(length_penalty(7, 0.6)), 4)  # ((5 + 7) / 6)^0.6 = 2^0.6
+    1.5157
     """
     return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
 
@@ -118,6 +124,18 @@ def greedy_search(model, source_ids, alpha=DecodeConfig.alpha,
         its row's tokens (see `beam_search`).
     Returns:
       DecodeResult with beam = 1.
+
+    Example: an untrained model, whose tokens are arbitrary but whose output's form is not.
+
+    >>> import tensorflow as tf
+    >>> from keras_transformer import Transformer, TransformerConfig, greedy_search
+    >>> model = Transformer(TransformerConfig.tiny(vocab_size=20))
+    >>> model.build()
+    >>> result = greedy_search(model, tf.constant([[5, 6, 7, 3]]), extra_length=3)
+    >>> tuple(result.ids.shape)  # [batch, 1, 4 source tokens + extra_length]
+    (1, 1, 7)
+    >>> int(result.ids[0, 0, int(result.lengths[0, 0]) - 1])  # the last token: EOS
+    3
     """
     return single_path_search(model, source_ids, most_probable, alpha, extra_length,
                               use_cache, target_prefix)

@@ -17,6 +17,14 @@ def padding_mask(ids):
       ids: int [batch, key_len] token ids, PAD_ID where padded.
     Returns:
       bool [batch, 1, 1, key_len].
+
+    Example:
+
+    >>> import keras
+    >>> from keras_transformer import padding_mask
+    >>> ids = keras.ops.convert_to_tensor([[5, 6, 3], [7, 3, 0]])  # pieces, EOS, padding
+    >>> keras.ops.convert_to_numpy(padding_mask(ids)[:, 0, 0]).tolist()
+    [[True, True, True], [True, True, False]]
     """
     return ops.not_equal(ids, PAD_ID)[:, None, None, :]
 
@@ -26,6 +34,13 @@ def causal_mask(query_len, key_len=None):
 
     Returns:
       bool [1, 1, query_len, key_len].
+
+    Example:
+
+    >>> import keras
+    >>> from keras_transformer import causal_mask
+    >>> keras.ops.convert_to_numpy(causal_mask(3)[0, 0]).astype(int).tolist()
+    [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
     """
     key_len = query_len if key_len is None else key_len
     query_positions = ops.arange(query_len)[:, None]

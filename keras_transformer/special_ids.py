@@ -2,6 +2,10 @@
 tokenizer, the input pipeline and the decoders.
 
 Pure Python, so a program can read them without importing TensorFlow.
+
+>>> from keras_transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+>>> PAD_ID, UNK_ID, BOS_ID, EOS_ID
+(0, 1, 2, 3)
 """
 
 # Padding: the model masks it in attention and in the loss.

@@ -11,6 +11,13 @@ class LayerStack(keras.layers.Layer):
 
     Args:
       num_layers: N. The others are passed to every layer (see EncoderLayer).
+
+    Example:
+
+    >>> from keras_transformer import Encoder
+    >>> encoder = Encoder(num_layers=2, d_model=16, num_heads=2, d_ff=32, pre_norm=True)
+    >>> [layer.name for layer in encoder.layers], encoder.final_norm is not None
+    (['layer_0', 'layer_1'], True)
     """
 
     layer_class = None

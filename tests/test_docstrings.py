@@ -18,6 +18,22 @@ def test_docstring_examples_run_as_written(name):
     assert failures == 0
 
 
+def test_every_public_module_shows_an_example():
+    """A `>>> ` example, which the test above runs, in the docstring of each public module
+    (its name without a leading underscore) or of one of its public members."""
+    finder = doctest.DocTestFinder()
+    examples = {}
+    for name in MODULES:
+        if name.startswith("_"):
+            continue
+        module = importlib.import_module(f"keras_transformer.{name}")
+        examples[name] = sum(len(test.examples) for test in finder.find(module)
+                             if not any(part.startswith("_")
+                                        for part in test.name.split(".")[2:]))
+    lacking = sorted(name for name, count in examples.items() if count == 0)
+    assert not lacking, f"no >>> example in keras_transformer's {', '.join(lacking)}"
+
+
 def test_every_layer_and_the_model_show_an_example():
     for name in ("MultiHeadAttention", "PositionwiseFeedForward", "PositionalEncoding",
                  "SharedEmbedding", "Residual", "EncoderLayer", "DecoderLayer", "Encoder",
