@@ -204,7 +204,10 @@ def test_float16_and_bfloat16_training_follow_the_float32_loss_curve(data, tmp_p
     12-24 averaged within 0.13% of float32's for bfloat16 and within 1% for float16. After
     that, when a curve leaves the plateau is chaotic: bfloat16 was 2% from float32 over
     steps 20-35 for one of the eight, and a CI run saw 6%; so the curves are compared
-    before it.
+    before it. On a Xeon whose oneDNN runs float16 natively (AVX512-FP16, as well as AMX),
+    float16's window lay 2.4%, 2.7% and 5.0% above float32's in three runs (bfloat16's
+    within 0.2%), so float16 is held to 10%: a float16 run that does not learn (an
+    unscaled loss whose gradients underflow) stays near ln(vocab), 1.8 nats above.
     """
     window = range(12, 25)
     curves = {}
@@ -215,8 +218,8 @@ def test_float16_and_bfloat16_training_follow_the_float32_loss_curve(data, tmp_p
     initial = np.log(data.tokenizers.target.vocab_size)
     for precision, mean in curves.items():
         assert mean < initial - 1.2, (precision, initial, curves)
-    for precision in ("mixed_float16", "mixed_bfloat16"):
-        assert curves[precision] == pytest.approx(curves["float32"], rel=0.05), curves
+    assert curves["mixed_bfloat16"] == pytest.approx(curves["float32"], rel=0.05), curves
+    assert curves["mixed_float16"] == pytest.approx(curves["float32"], rel=0.1), curves
 
 
 def test_loss_scale_is_used_only_for_float16(data, tmp_path):
