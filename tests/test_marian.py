@@ -6,6 +6,7 @@ MarianMTModel and of CTranslate2's own TransformersConverter on them, made by
 make_fixtures.py there (torch is not needed here)."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, _env
+from conftest import REPO, _env, checkpoint_weights
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DecodeConfig, beam_search
 from keras_transformer.decoding import greedy_search
 from trainer.conversion import marian
@@ -25,6 +26,7 @@ from trainer.serving import saved_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "marian"
 NAMES = sorted(path.name for path in FIXTURES.iterdir() if (path / "config.json").exists())
+PICKLED = "shared_swish"  # the fixture that also holds pytorch_model.bin
 _CONVERTED = {}
 
 
@@ -156,3 +158,23 @@ def test_the_convert_program_writes_a_model_directory_the_translate_program_read
     assert again.stderr.strip().splitlines()[-1] == (
         f"trainer.convert: error: {model_dir} exists and is not empty: convert into a new "
         "directory")
+
+
+def test_a_pickled_checkpoint_converts_to_the_same_weights_as_its_safetensors(tmp_path):
+    """An older checkpoint's pytorch_model.bin (made by make_fixtures.py from the fixture's
+    model.safetensors, as Transformers 4 saved it) is read with torch's weights_only
+    loader; where torch is missing, test_conversion_errors checks the one-line refusal."""
+    pytest.importorskip("torch", reason="the pickled route reads pytorch_model.bin with "
+                        "torch, which is not installed here (pip install torch)")
+    pickled = tmp_path / "pickled"
+    shutil.copytree(FIXTURES / PICKLED, pickled)
+    (pickled / "model.safetensors").unlink()
+    marian.convert(str(pickled), str(tmp_path / "from_bin"))
+    marian.convert(str(FIXTURES / PICKLED), str(tmp_path / "from_safetensors"))
+    from_bin = checkpoint_weights(tmp_path / "from_bin")
+    from_safetensors = checkpoint_weights(tmp_path / "from_safetensors")
+    assert len(from_bin) == len(from_safetensors) > 30
+    for a, b in zip(from_bin, from_safetensors):
+        np.testing.assert_array_equal(a, b)
+    assert (tmp_path / "from_bin" / "vocabulary.json").read_bytes() == \
+        (tmp_path / "from_safetensors" / "vocabulary.json").read_bytes()
