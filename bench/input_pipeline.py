@@ -9,7 +9,7 @@ SentencePiece vocabulary at the default size, batch_tokens per replica):
      with Adam and masked cross-entropy, on batches already in memory;
   3. both together: the step fed by the pipeline, as in training.
 
-The ratio (1) / (2) is the pipeline's headroom; the issue asks for at least 10x.
+The ratio (1) / (2) is the pipeline's headroom; the target is at least 10x.
 (3) close to (2) means the step is not starved. Not a test: run it by hand from the
 repository root,
 
@@ -157,7 +157,7 @@ def print_report(args, m: dict):
          f"{args.train_steps} steps"],
     ], text_columns=(0, 2))
     print(f"pipeline / training step = {m['pipeline_rate'] / m['step_rate']:.0f}x "
-          "(the issue asks for at least 10x)")
+          "(the target: at least 10x)")
 
 
 def main(argv=None):

@@ -59,7 +59,7 @@ def check_preempted(model_dir, seconds, outputs, processes):
     """Every process exits with PREEMPTED_STATUS and one line naming the checkpoint of the
     step the chief logged last; returns that step."""
     step = latest_step(model_dir)
-    # How fast (the issue's 30 s for the recipe) is bench/resume.py's to measure, alone on
+    # How fast (the target: 30 s for the recipe) is bench/resume.py's to measure, alone on
     # the machine; here the bound is preempt()'s timeout, which a run that went on
     # training would hit.
     assert seconds < 120, f"{seconds:.1f} s from SIGTERM to exit"
