@@ -76,7 +76,7 @@ def _step_attention(query, key, value, mask=None, elementwise=None):
       elementwise: None chooses by the step's rows; True or False is the choice made
         once for every step of a search known to have at most (or more than)
         ELEMENTWISE_MAX_ROWS rows throughout, which saves each step a `tf.cond` per
-        attention.
+        attention (it rides in the step's weights: `MultiHeadAttention.step_weights`).
     Returns:
       [groups, queries, heads, d_v].
     """
@@ -215,8 +215,9 @@ class MultiHeadAttention(keras.layers.Layer):
             heads = packing.pack(heads)  # [tokens, heads * d_v]
         return self.output_dense(heads), weights
 
-    def step_weights(self, self_attention):
-        """The projections incremental decoding uses, as tensors read once per search.
+    def step_weights(self, self_attention, elementwise=None):
+        """The projections incremental decoding uses, as tensors read once per search,
+        and how its steps attend.
 
         The query projection carries 1 / sqrt(d_k) (exact when d_k is a power of 4, so
         outputs do not change), and for self-attention it is fused with the key and
@@ -225,7 +226,8 @@ class MultiHeadAttention(keras.layers.Layer):
 
         Returns a dict: "input_kernel" [d_model, h * d_k] (self-attention:
         [d_model, h * (2 d_k + d_v)]), "input_bias", "output_kernel"
-        [h * d_v, d_model], "output_bias", in the compute dtype.
+        [h * d_v, d_model], "output_bias", in the compute dtype; and "elementwise", the
+        choice a search makes once (see `_step_attention`), None to choose at each step.
         """
         def weight(dense, scale=None):
             # Read here, outside the decoding loop, not at every step.
@@ -240,9 +242,10 @@ class MultiHeadAttention(keras.layers.Layer):
                                 if self_attention else ()))
         output_kernel, output_bias = weight(self.output_dense)
         return {"input_kernel": tf.concat(kernels, axis=1), "input_bias": tf.concat(biases, 0),
-                "output_kernel": output_kernel, "output_bias": output_bias}
+                "output_kernel": output_kernel, "output_bias": output_bias,
+                "elementwise": elementwise}
 
-    def self_attention_step(self, x, key, value, weights, index=None, elementwise=None):
+    def self_attention_step(self, x, key, value, weights, index=None):
         """Self-attention of one new position per row over the cached ones and itself.
 
         Args:
@@ -253,7 +256,6 @@ class MultiHeadAttention(keras.layers.Layer):
           index: None (the cache grows), or the scalar position of x in a fixed-width
             cache (XLA's fixed shapes): x's key and value are written there, and the
             positions after it are masked.
-          elementwise: see `_step_attention`.
         Returns:
           (output [rows, d_model], key and value with x's: [rows, heads, position + 1, d],
           or the fixed-width cache with position `index` written).
@@ -275,10 +277,10 @@ class MultiHeadAttention(keras.layers.Layer):
             key, value = tf.where(written, new_key, key), tf.where(written, new_value, value)
             mask = position <= index
         heads = _step_attention(tf.reshape(query, [-1, 1, h, d_k]), key, value, mask,
-                                elementwise)
+                                weights["elementwise"])
         return self._step_output(tf.reshape(heads, [-1, h * d_v]), weights), key, value
 
-    def cross_attention_step(self, x, key, value, mask, weights, elementwise=None):
+    def cross_attention_step(self, x, key, value, mask, weights):
         """Encoder-decoder attention of one position per row, the rows / groups
         adjacent rows of a group (a sentence's beams) querying the same keys.
 
@@ -287,7 +289,6 @@ class MultiHeadAttention(keras.layers.Layer):
           key, value: [groups, heads, src_len, d_k or d_v] from `project_key_value`.
           mask: bool [groups, 1, 1, src_len], True for real source tokens.
           weights: `step_weights(self_attention=False)`.
-          elementwise: see `_step_attention`.
         Returns:
           [rows, d_model].
         """
@@ -295,7 +296,8 @@ class MultiHeadAttention(keras.layers.Layer):
         query = tf.nn.bias_add(tf.matmul(x, weights["input_kernel"]),
                                weights["input_bias"])  # [rows, h * d_k]
         query = tf.reshape(query, [tf.shape(key)[0], -1, h, d_k])  # [groups, beams, h, d_k]
-        heads = _step_attention(query, key, value, mask, elementwise)  # [groups, beams, h, d_v]
+        heads = _step_attention(query, key, value, mask,
+                                weights["elementwise"])  # [groups, beams, h, d_v]
         return self._step_output(tf.reshape(heads, [-1, h * d_v]), weights)
 
     @staticmethod

@@ -10,23 +10,26 @@ Two searches take the same steps (`_beam_step`) on differently shaped tensors:
   change, for XLA, which fuses a step's hundreds of small ops (faster on one sentence,
   slower on large batches; see docs/performance-notes.md).
 
+`search_beams` runs over any step (keras_transformer.search: a Transformer's, or a
+faster one, or a scripted table); `beam_search` is the Transformer's.
+
 Shapes: n sentences still searching (batch with fixed shapes), beam = beam_size, and
-width the output width (keras_transformer.decoding.decode_lengths); sequences hold BOS in
+width the output width (keras_transformer.search.output_limits); sequences hold BOS in
 column 0, so they are [..., width + 1].
 """
 
-import functools
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import tensorflow as tf
 
 from keras_transformer.attention import ELEMENTWISE_MAX_ROWS
 from keras_transformer.config import DecodeConfig
-from keras_transformer.decoding import (DecodeResult, TargetPrefix, decode_lengths,
-                                        gather_rows, gather_sentences, growing_shapes,
-                                        length_penalty, step_function, write_tokens)
 from keras_transformer.ranking import top_k
+from keras_transformer.search import (DecodeResult, TargetPrefix, first_tokens,
+                                      growing_shapes, length_penalty, output_limits,
+                                      write_tokens)
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
+from keras_transformer.step import TransformerStep
 
 
 def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=DecodeConfig.alpha,
@@ -86,21 +89,73 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
     >>> bool(result.scores[0, 0] >= result.scores[0, 1])  # best first
     True
     """
+    source_ids = tf.cast(source_ids, tf.int32)
+    width, max_lengths = output_limits(source_ids, extra_length, model.config.max_length)
+    step, state = TransformerStep.start(model, source_ids, width, use_cache, beam_size,
+                                        fixed_shapes)
+
+    def search(step):
+        return search_beams(step, state, max_lengths, width, beam_size, alpha,
+                            num_hypotheses, target_prefix, fixed_shapes)
+
+    if not use_cache or fixed_shapes:
+        return search(step)
+    # Rows only leave: a search that starts with at most ELEMENTWISE_MAX_ROWS rows (a
+    # request of up to 4 sentences of 4 beams) attends elementwise at every step, without
+    # a `tf.cond` per attention per step (one sentence 2-8% faster,
+    # docs/performance-notes.md); a larger one chooses at each step.
+    return tf.cond(tf.shape(source_ids)[0] * beam_size <= ELEMENTWISE_MAX_ROWS,
+                   lambda: search(step.with_elementwise(True)), lambda: search(step))
+
+
+def search_beams(step, state, max_lengths, width, beam_size=DecodeConfig.beam_size,
+                 alpha=DecodeConfig.alpha, num_hypotheses=None, target_prefix=None,
+                 fixed_shapes=False):
+    """Beam search over any step (keras_transformer.search): `beam_search`'s search, the
+    seam a faster step (int8, a vocabulary shortlist, fewer layers) plugs into.
+
+    Args:
+      step, state: a step of keras_transformer.search over batch * beam_size rows (a
+        sentence's beams adjacent), and its first state.
+      max_lengths: int32 [batch], each output's limit (EOS counted).
+      width: the outputs' width, at least every max_lengths (a Python int for XLA).
+      beam_size, alpha, num_hypotheses, target_prefix, fixed_shapes: as `beam_search`.
+    Returns:
+      DecodeResult with beam = beam_size, hypotheses sorted by score.
+
+    Example: a scripted step whose log-probs depend only on the last token (vocabulary:
+    PAD, UNK, BOS, EOS, "a", "b"): after BOS "a" is likelier, after "a" EOS.
+
+    >>> import math
+    >>> import tensorflow as tf
+    >>> table = tf.math.log(tf.constant([[.2, .2, .2, .2, .1, .1],    # after PAD (unused)
+    ...                                  [.2, .2, .2, .2, .1, .1],    # after UNK (unused)
+    ...                                  [0., 0., 0., .1, .6, .3],    # after BOS
+    ...                                  [.2, .2, .2, .2, .1, .1],    # after EOS (unused)
+    ...                                  [0., 0., 0., .9, .05, .05],  # after "a"
+    ...                                  [0., 0., 0., .5, .25, .25]]))  # after "b"
+    >>> class Bigram:
+    ...     def __call__(self, seqs, i, state):
+    ...         return tf.gather(table, seqs[:, i]), state
+    ...     reorder = keep = staticmethod(lambda state, rows: state)
+    >>> result = search_beams(Bigram(), {}, max_lengths=tf.constant([3]), width=3,
+    ...                       beam_size=2, alpha=0.0)
+    >>> result.ids.numpy().tolist()  # ["a", EOS] (.6 x .9), then ["b", EOS] (.3 x .5)
+    [[[4, 3, 0], [5, 3, 0]]]
+    >>> [round(math.exp(p), 2) for p in result.log_probs.numpy()[0]]
+    [0.54, 0.15]
+    """
     num_hypotheses = beam_size if num_hypotheses is None else num_hypotheses
     if not any(map(tf.is_tensor, (beam_size, num_hypotheses))) and not (
             1 <= num_hypotheses <= beam_size):
         raise ValueError(f"num_hypotheses must be in 1..beam_size={beam_size}, "
                          f"got {num_hypotheses}")
-    source_ids = tf.cast(source_ids, tf.int32)
-    width, max_lengths = decode_lengths(model, source_ids, extra_length)
-    state, step = step_function(model, source_ids, width, use_cache, beam_size,
-                                fixed_shapes)
     search = _Search(step, TargetPrefix.of(target_prefix), width, beam_size, alpha,
-                     num_hypotheses, model.config.vocab_size)
+                     num_hypotheses)
     if fixed_shapes:
         results = _fixed_shape_beam_search(search, max_lengths, state)
     else:
-        results = _growing_beam_search(search, max_lengths, state, use_cache)
+        results = _growing_beam_search(search, max_lengths, state)
     ids = results.seqs[:, :, 1:]  # [batch, beam, width]
     lengths = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1)
     return DecodeResult(ids, results.scores, results.log_probs, lengths)
@@ -109,17 +164,16 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
 class _Search(NamedTuple):
     """What every step of one search reads and no step changes.
 
-    step and prefix: keras_transformer.decoding's `step_function` and `TargetPrefix`
-    (or None) over the batch; width: the output width; beam_size, alpha and
-    num_hypotheses: as `beam_search` takes them; vocab: the vocabulary size."""
+    step: the step of keras_transformer.search over the batch; prefix: a TargetPrefix
+    or None; width: the output width; beam_size, alpha and num_hypotheses: as
+    `beam_search` takes them."""
 
-    step: Callable
+    step: Any
     prefix: Optional[TargetPrefix]
     width: Any
     beam_size: Any
     alpha: Any
     num_hypotheses: Any
-    vocab: int
 
 
 class _Beams(NamedTuple):
@@ -143,11 +197,11 @@ class _Hypotheses(NamedTuple):
     log_probs: tf.Tensor
 
 
-def _growing_beam_search(search, max_lengths, state, use_cache):
+def _growing_beam_search(search, max_lengths, state):
     """The search on shapes that shrink and grow: _Hypotheses [batch, beam, ...].
 
-    A done sentence's results are stored and its rows leave every tensor; the cache of
-    `step_function(..., fixed_shapes=False)` grows by a position per step."""
+    A done sentence's results are stored and its rows leave every tensor (the step's
+    `keep`); a Transformer's cache grows by a position per step."""
     batch = tf.shape(max_lengths)[0]
     beams, none_finished = _first_beams(search, batch)
 
@@ -155,9 +209,9 @@ def _growing_beam_search(search, max_lengths, state, use_cache):
     def cond(i, sentences, beams, finished, max_lengths, state, results):
         return (i < search.width) & (tf.size(sentences) > 0)
 
-    def body(i, sentences, beams, finished, max_lengths, state, results, elementwise=None):
+    def body(i, sentences, beams, finished, max_lengths, state, results):
         beams, finished, parents, done, state = _beam_step(
-            search, i, sentences, beams, finished, max_lengths, state, elementwise)
+            search, i, sentences, beams, finished, max_lengths, state)
         searching = (sentences, beams, finished, max_lengths, parents)
 
         def leave():  # the done sentences' results stored, the others' tensors kept
@@ -166,41 +220,29 @@ def _growing_beam_search(search, max_lengths, state, use_cache):
             stored = _store(results, tf.gather(sentences, gone),
                             tf.nest.map_structure(lambda t: tf.gather(t, gone), finished))
             return (stored, tf.nest.map_structure(lambda t: tf.gather(t, kept), searching),
-                    gather_sentences(state, kept))
+                    search.step.keep(state, kept))
 
         # Most steps no sentence is done: skip those ops then (a step's kernel count
         # is what one sentence's latency pays for, docs/performance-notes.md).
         results, searching, state = tf.cond(tf.reduce_any(done), leave,
                                             lambda: (results, searching, state))
         sentences, beams, finished, max_lengths, parents = searching
-        state = gather_rows(state, tf.reshape(parents, [-1]))
+        state = search.step.reorder(state, tf.reshape(parents, [-1]))
         return i + 1, sentences, beams, finished, max_lengths, state, results
 
     loop_vars = (tf.constant(0), tf.range(batch), beams, none_finished, max_lengths, state,
                  none_finished)
-
-    def run(elementwise):
-        return tf.while_loop(cond, functools.partial(body, elementwise=elementwise),
-                             loop_vars, shape_invariants=growing_shapes(loop_vars))
-
-    if use_cache:
-        # Rows only leave: a search that starts with at most ELEMENTWISE_MAX_ROWS rows
-        # (a request of up to 4 sentences of 4 beams) attends elementwise at every step,
-        # without a `tf.cond` per attention per step (one sentence 2-8% faster,
-        # docs/performance-notes.md); a larger one chooses at each step.
-        outputs = tf.cond(batch * search.beam_size <= ELEMENTWISE_MAX_ROWS,
-                          lambda: run(True), lambda: run(None))
-    else:
-        outputs = run(None)
-    _, sentences, _, finished, _, _, results = outputs
+    _, sentences, _, finished, _, _, results = tf.while_loop(
+        cond, body, loop_vars, shape_invariants=growing_shapes(loop_vars))
     return _store(results, sentences, finished)  # those still searching at width
 
 
 def _fixed_shape_beam_search(search, max_lengths, state):
     """The search on shapes that never change, for XLA: _Hypotheses [batch, beam, ...].
 
-    A done sentence stays in the batch, its results kept while its rows compute on; the
-    cache of `step_function(..., fixed_shapes=True)` has every position from the start."""
+    A done sentence stays in the batch, its results kept while its rows compute on; a
+    Transformer's cache (TransformerStep with fixed_shapes) has every position from the
+    start."""
     batch = tf.shape(max_lengths)[0]
     beams, none_finished = _first_beams(search, batch)
 
@@ -213,7 +255,7 @@ def _fixed_shape_beam_search(search, max_lengths, state):
         beams, finished, parents, done, state = _beam_step(
             search, i, rows, beams, finished, max_lengths, state)
         results = _keep(results, finished, done & searching)
-        state = gather_rows(state, tf.reshape(parents, [-1]))
+        state = search.step.reorder(state, tf.reshape(parents, [-1]))
         return i + 1, searching & ~done, beams, finished, state, results
 
     loop_vars = (tf.constant(0), tf.fill([batch], True), beams, none_finished, state,
@@ -228,8 +270,7 @@ def _fixed_shape_beam_search(search, max_lengths, state):
 def _first_beams(search, batch):
     """(_Beams, _Hypotheses) of batch sentences before the first step: BOS, none finished."""
     beam_size = search.beam_size
-    seqs = write_tokens(tf.zeros(tf.stack([batch, beam_size, search.width + 1]), tf.int32), 0,
-                        tf.fill(tf.stack([batch, beam_size]), BOS_ID))  # [batch, beam, width + 1]
+    seqs = first_tokens(tf.stack([batch, beam_size]), search.width)  # [batch, beam, width + 1]
     # Only beam 0 is live at first, so the first step does not pick one token k times.
     log_probs = tf.tile(tf.concat([[0.0], tf.fill([beam_size - 1], float("-inf"))], 0)[None, :],
                         tf.stack([batch, 1]))  # [batch, beam]
@@ -237,7 +278,7 @@ def _first_beams(search, batch):
     return _Beams(seqs, log_probs), _Hypotheses(seqs, empty, empty)
 
 
-def _beam_step(search, i, rows, beams, finished, max_lengths, state, elementwise=None):
+def _beam_step(search, i, rows, beams, finished, max_lengths, state):
     """One step of the search for n sentences (section 6.1).
 
     Every live beam is extended by every token: the best beam_size extensions that do
@@ -248,7 +289,6 @@ def _beam_step(search, i, rows, beams, finished, max_lengths, state, elementwise
       rows: int32 [n], each sentence's row of the batch (of the target prefix).
       beams: _Beams [n, beam, ...]; finished: _Hypotheses [n, beam, ...].
       max_lengths: int32 [n]. state: `search.step`'s, of n * beam rows.
-      elementwise: see Transformer.decode_step.
     Returns:
       (beams, finished, parents int32 [n, beam]: the row of the step's state [n * beam,
       ...] each new live beam extends, done bool [n]: the sentence's first
@@ -257,7 +297,7 @@ def _beam_step(search, i, rows, beams, finished, max_lengths, state, elementwise
     n = tf.shape(rows)[0]  # beam rows each
     beam_size = search.beam_size
     flat_seqs = tf.reshape(beams.seqs, tf.stack([n * beam_size, search.width + 1]))
-    token_log_probs, state = search.step(flat_seqs, i, state, elementwise)  # [n * beam, vocab]
+    token_log_probs, state = search.step(flat_seqs, i, state)  # [n * beam, vocab]
     if search.prefix is not None:
         token_log_probs = search.prefix.force(token_log_probs, i,
                                               tf.repeat(max_lengths, beam_size),
@@ -265,7 +305,7 @@ def _beam_step(search, i, rows, beams, finished, max_lengths, state, elementwise
     # 2 * beam candidates hold at least beam that do not end in EOS (at most one
     # EOS per live beam), so the live set never runs short.
     top_log_probs, top_beams, top_tokens = _best_extensions(
-        token_log_probs, beams.log_probs, i + 1, max_lengths, 2 * beam_size, search.vocab)
+        token_log_probs, beams.log_probs, i + 1, max_lengths, 2 * beam_size)
     top_seqs = write_tokens(tf.gather(beams.seqs, top_beams, batch_dims=1), i + 1,
                             top_tokens)  # [n, 2 * beam, width + 1]
     ends = top_tokens == EOS_ID
@@ -305,7 +345,7 @@ def _done(finished, beams, i, max_lengths, search):
     return finished.scores[:, search.num_hypotheses - 1] >= best_live
 
 
-def _best_extensions(log_probs, live_log_probs, length, max_lengths, k, vocab):
+def _best_extensions(log_probs, live_log_probs, length, max_lengths, k):
     """The k best one-token extensions of each sentence's live beams, best first.
 
     Ranked as one top-k over all beam * vocab candidates would rank them (ties: lower
@@ -323,11 +363,13 @@ def _best_extensions(log_probs, live_log_probs, length, max_lengths, k, vocab):
     # A sentence's k best hold at most k of one beam, so each beam's k best tokens
     # suffice, plus 2 for PAD and BOS: two small top-ks instead of masking, adding to
     # and ranking all beam * vocab candidates.
-    per_beam = tf.minimum(k + 2, vocab) if tf.is_tensor(k) else min(k + 2, vocab)
+    vocab = log_probs.shape[-1] or tf.shape(log_probs)[-1]
+    per_beam = (tf.minimum(k + 2, vocab) if tf.is_tensor(k) or tf.is_tensor(vocab)
+                else min(k + 2, vocab))
     best, tokens = top_k(log_probs, per_beam)  # [n * beam, per_beam]
     best = tf.where((tokens == PAD_ID) | (tokens == BOS_ID), float("-inf"), best)
     # At its maximum length a sentence may only end: EOS is each beam's one candidate,
-    # forced, so it scores 0 (see decoding._allowed).
+    # forced, so it scores 0 (see search.allowed).
     at_max = tf.repeat(length >= max_lengths, beam)[:, None]  # [n * beam, 1]
     first = tf.range(per_beam) == 0
     best = tf.where(at_max, tf.where(first, 0.0, float("-inf")), best)

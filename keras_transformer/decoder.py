@@ -5,6 +5,7 @@ shared by its beams."""
 
 import keras
 from keras import ops
+import tensorflow as tf
 
 from keras_transformer.attention import MultiHeadAttention
 from keras_transformer.feed_forward import PositionwiseFeedForward
@@ -110,17 +111,18 @@ class DecoderLayer(keras.layers.Layer):
             "cross_value": cross_value,
         }
 
-    def step_weights(self):
+    def step_weights(self, elementwise=None):
         """What `step` reads, as tensors read once per decoding search (fused and
-        pre-scaled projections, see MultiHeadAttention.step_weights): a dict."""
-        return {"self_attention": self.self_attention.step_weights(self_attention=True),
-                "cross_attention": self.cross_attention.step_weights(self_attention=False),
+        pre-scaled projections, and how the attentions attend: see
+        MultiHeadAttention.step_weights): a dict."""
+        return {"self_attention": self.self_attention.step_weights(True, elementwise),
+                "cross_attention": self.cross_attention.step_weights(False, elementwise),
                 "feed_forward": self.feed_forward.step_weights(),
                 **{name: getattr(self, name).step_weights()
                    for name in ("self_attention_residual", "cross_attention_residual",
                                 "feed_forward_residual")}}
 
-    def step(self, x, cache, cross_attention_mask, weights, index=None, elementwise=None):
+    def step(self, x, cache, cross_attention_mask, weights, index=None):
         """Decode the next position given the cache of the positions before it: the
         layer's `call` in inference, one position per row, on plain tensors.
 
@@ -134,26 +136,30 @@ class DecoderLayer(keras.layers.Layer):
           weights: from `step_weights`.
           index: None for a growing cache; the position being decoded for a fixed-width
             one (`initial_cache(..., width)`).
-          elementwise: how the attentions attend (`attention._step_attention`).
         Returns:
           ([batch * beams, d_model], the cache with this position's keys and values
           appended (or, fixed-width, written at `index`): one position written per step).
         """
+        # The name scopes label a step's ops by sublayer in a profile
+        # (bench/profiling.py --decoding); they cost nothing at run time.
         residual, norm = self.self_attention_residual, weights["self_attention_residual"]
-        y, key, value = self.self_attention.self_attention_step(
-            residual.step_sublayer_input(x, norm), cache["key"], cache["value"],
-            weights["self_attention"], index, elementwise)
+        with tf.name_scope("self_attention"):
+            y, key, value = self.self_attention.self_attention_step(
+                residual.step_sublayer_input(x, norm), cache["key"], cache["value"],
+                weights["self_attention"], index)
         x = residual.step(x, y, norm)
         # The encoder keys and values have a row per sentence: a sentence's beams are
         # its queries of them.
         residual, norm = self.cross_attention_residual, weights["cross_attention_residual"]
-        y = self.cross_attention.cross_attention_step(
-            residual.step_sublayer_input(x, norm), cache["cross_key"], cache["cross_value"],
-            cross_attention_mask, weights["cross_attention"], elementwise)
+        with tf.name_scope("cross_attention"):
+            y = self.cross_attention.cross_attention_step(
+                residual.step_sublayer_input(x, norm), cache["cross_key"],
+                cache["cross_value"], cross_attention_mask, weights["cross_attention"])
         x = residual.step(x, y, norm)
         residual, norm = self.feed_forward_residual, weights["feed_forward_residual"]
-        y = self.feed_forward.step(residual.step_sublayer_input(x, norm),
-                                   weights["feed_forward"])
+        with tf.name_scope("feed_forward"):
+            y = self.feed_forward.step(residual.step_sublayer_input(x, norm),
+                                       weights["feed_forward"])
         return residual.step(x, y, norm), {**cache, "key": key, "value": value}
 
     def compute_output_shape(self, x_shape, *args, **kwargs):
@@ -211,18 +217,18 @@ class Decoder(LayerStack):
         """A list of N per-layer caches (see DecoderLayer.initial_cache)."""
         return [layer.initial_cache(encoder_output, beam_size, width) for layer in self.layers]
 
-    def step_weights(self):
+    def step_weights(self, elementwise=None):
         """What `step` reads, read once per decoding search: a dict of the N layers'
         `DecoderLayer.step_weights` and the final norm's."""
-        return {"layers": [layer.step_weights() for layer in self.layers],
+        return {"layers": [layer.step_weights(elementwise) for layer in self.layers],
                 "final_norm": self.final_norm_weights()}
 
-    def step(self, x, cache, cross_attention_mask, weights, index=None, elementwise=None):
+    def step(self, x, cache, cross_attention_mask, weights, index=None):
         """x [batch * beams, d_model] at the next position -> ([batch * beams, d_model],
         new cache); see DecoderLayer.step. weights: from `step_weights`."""
         new_cache = []
         for layer, layer_cache, layer_weights in zip(self.layers, cache, weights["layers"]):
             x, layer_cache = layer.step(x, layer_cache, cross_attention_mask, layer_weights,
-                                        index, elementwise)
+                                        index)
             new_cache.append(layer_cache)
         return self.finish_step(x, weights["final_norm"]), new_cache

@@ -1,7 +1,7 @@
 """Random sampling of translations (back-translation, diverse outputs): each token drawn
 from the model's distribution at a temperature, restricted to the top-k most probable
 tokens and to the top-p nucleus (Holtzman et al., 2020), with stateless seeds. Greedy
-search's loop (keras_transformer.decoding.single_path_search) with a random choice in
+search's loop (keras_transformer.decoding.search_single_path) with a random choice in
 place of the argmax, so it takes the same target prefix and settings as scalar tensors.
 """
 
@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from keras_transformer import ranking
 from keras_transformer.config import DecodeConfig
-from keras_transformer.decoding import DecodeResult, most_probable, single_path_search
+from keras_transformer.decoding import model_single_path_search, most_probable
+from keras_transformer.search import DecodeResult
 
 
 def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k=0,
@@ -69,8 +70,8 @@ def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k
                       tf.tile(tf.range(tf.cast(num_samples, tf.int64)), [batch]),
                       temperature, top_k, top_p)
     # A sentence's samples in adjacent rows, decoded as a batch of batch * num_samples.
-    result = single_path_search(model, tf.repeat(source_ids, num_samples, axis=0), sample,
-                                alpha, extra_length, use_cache, target_prefix)
+    result = model_single_path_search(model, tf.repeat(source_ids, num_samples, axis=0),
+                                      sample, alpha, extra_length, use_cache, target_prefix)
 
     def per_sentence(t):  # [batch * num_samples, 1, ...] -> [batch, num_samples, ...]
         return tf.reshape(t, tf.concat([tf.stack([batch, num_samples]), tf.shape(t)[2:]], 0))

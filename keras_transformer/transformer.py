@@ -2,6 +2,7 @@
 
 import keras
 from keras import ops
+import tensorflow as tf
 
 from keras_transformer.config import TransformerConfig
 from keras_transformer.decoder import Decoder
@@ -162,16 +163,19 @@ class Transformer(keras.Model):
         `width` positions (see DecoderLayer.initial_cache)."""
         return self.decoder.initial_cache(encoder_output, beam_size, width)
 
-    def step_weights(self, length):
+    def step_weights(self, length, elementwise=None):
         """What `decode_step` reads, read once per search rather than at every step:
         the embedding matrix, the position table PE[0:length] (length: the positions the
-        search may decode, BOS included) and the decoder's fused projections."""
+        search may decode, BOS included) and the decoder's fused projections; elementwise:
+        how every step's attentions attend, decided once per search (None: at each step
+        by its rows; True or False: for a search whose rows stay at most, or above,
+        attention.ELEMENTWISE_MAX_ROWS)."""
         return {"embedding": self.embedding.step_weights(),
                 "positions": self.target_positions.step_weights(length),
-                "decoder": self.decoder.step_weights()}
+                "decoder": self.decoder.step_weights(elementwise)}
 
     def decode_step(self, target_ids, index, cache, cross_attention_mask, weights,
-                    fixed_width=False, elementwise=None):
+                    fixed_width=False):
         """One step of incremental decoding: `decode` in inference for one more position.
 
         Args:
@@ -184,17 +188,15 @@ class Transformer(keras.Model):
           weights: `step_weights(length)` with length > index.
           fixed_width: the cache is `initial_cache(..., width)` with width > index (its
             shapes never change: XLA), not a growing one.
-          elementwise: None, or the attentions' way for a search whose rows stay at most
-            (True) or above (False) attention.ELEMENTWISE_MAX_ROWS.
         Returns:
           (float32 logits [batch * beams, vocab] for position index + 1, the new cache).
         """
         x = self.target_positions.step(
             self.embedding.step(target_ids, weights["embedding"]), index, weights["positions"])
         x, cache = self.decoder.step(x, cache, cross_attention_mask, weights["decoder"],
-                                     index if fixed_width else None,
-                                     elementwise)  # [rows, d_model]
-        return self.embedding.step_logits(x, weights["embedding"]), cache
+                                     index if fixed_width else None)  # [rows, d_model]
+        with tf.name_scope("output_projection"):  # a profile's label (DecoderLayer.step)
+            return self.embedding.step_logits(x, weights["embedding"]), cache
 
     def call(self, inputs, training=None):
         source_ids, target_input_ids = inputs

@@ -104,18 +104,17 @@ def test_a_decoding_step_answers_each_sentence_as_it_would_alone(dtype):
     compute = self_mha.compute_dtype
     history_kv = self_mha.project_key_value(tf.cast(history, compute))
     memory_kv = cross_mha.project_key_value(tf.cast(memory, compute))
-    self_weights = self_mha.step_weights(self_attention=True)
-    cross_weights = cross_mha.step_weights(self_attention=False)
 
     def step(sentence_slice, elementwise=None):
         row_slice = slice(sentence_slice.start * beams, sentence_slice.stop * beams)
         x_rows = tf.cast(x[row_slice], compute)
         return {"self": self_mha.self_attention_step(
-                    x_rows, *(t[row_slice] for t in history_kv), self_weights,
-                    elementwise=elementwise)[0],
+                    x_rows, *(t[row_slice] for t in history_kv),
+                    self_mha.step_weights(self_attention=True, elementwise=elementwise))[0],
                 "cross": cross_mha.cross_attention_step(
                     x_rows, *(t[sentence_slice] for t in memory_kv),
-                    padding_mask(ids[sentence_slice]), cross_weights, elementwise)}
+                    padding_mask(ids[sentence_slice]),
+                    cross_mha.step_weights(self_attention=False, elementwise=elementwise))}
 
     together = step(slice(0, sentences))
     alone = [step(slice(i, i + 1)) for i in range(sentences)]

@@ -1,0 +1,201 @@
+"""The searches on scripted log-probability tables, without a model (the seam of
+keras_transformer.search): ties, EOS, a target prefix, an exact n-best and its early exit,
+each checked against conftest's plain beam search that never stops early. Eager, in
+milliseconds."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import VOCAB, exhaustive_beam_search
+from keras_transformer import BOS_ID, EOS_ID, PAD_ID, search_beams, search_single_path
+
+WIDTH = 6  # the outputs' width: every test's max_lengths are at most this
+
+
+class TableStep:
+    """A step of keras_transformer.search whose log-probs are a table's row: table
+    float32 [WIDTH + 1, VOCAB, VOCAB], the log-probs of the token after position i given
+    the token there. It keeps no state, and counts its calls."""
+
+    def __init__(self, table):
+        self.table = tf.constant(table, tf.float32)
+        self.calls = 0
+
+    def __call__(self, seqs, i, state):
+        self.calls += 1
+        return tf.gather(self.table[i], seqs[:, i]), state
+
+    @staticmethod
+    def reorder(state, rows):
+        return state
+
+    @staticmethod
+    def keep(state, sentences):
+        return state
+
+    def next_log_probs(self, prefixes, sources):
+        """conftest's next_log_probs: log-probs [n, t, vocab] after each prefix position."""
+        del sources
+        positions = np.arange(prefixes.shape[1])
+        return tf.constant(self.table.numpy()[positions[None], prefixes])
+
+
+def random_table(seed, sharpness=2.0):
+    """Random log-softmax rows, as peaked as `sharpness` makes them."""
+    logits = np.random.default_rng(seed).normal(size=(WIDTH + 1, VOCAB, VOCAB)) * sharpness
+    return tf.nn.log_softmax(logits).numpy()
+
+
+def table_favouring(rows):
+    """A table uniform but for {(position, after token): {token: probability}} rows, whose
+    other tokens share what is left."""
+    table = np.full((WIDTH + 1, VOCAB, VOCAB), 1.0 / VOCAB)
+    for (position, after), probabilities in rows.items():
+        rest = (1.0 - sum(probabilities.values())) / (VOCAB - len(probabilities))
+        table[position, after] = rest
+        for token, probability in probabilities.items():
+            table[position, after, token] = probability
+    return np.log(table)
+
+
+def beams(step, max_lengths, **kwargs):
+    """search_beams over one sentence per max_lengths entry, as numpy."""
+    result = search_beams(step, {}, tf.constant(max_lengths, tf.int32), WIDTH, **kwargs)
+    return tf.nest.map_structure(lambda t: t.numpy(), result)
+
+
+def hypotheses(result, sentence=0):
+    """[(ids up to EOS, score)] of a sentence, best first, empty slots left out."""
+    return [(tuple(ids[:n]), score) for ids, n, score in
+            zip(result.ids[sentence], result.lengths[sentence], result.scores[sentence])
+            if n > 0]
+
+
+@pytest.mark.parametrize("fixed_shapes", [False, True], ids=["growing", "fixed_shapes"])
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_the_n_best_is_the_plain_beam_searchs_on_random_tables(fixed_shapes, alpha):
+    for seed in range(4):
+        step = TableStep(random_table(seed))
+        max_lengths = [WIDTH, 4, 2]
+        result = beams(step, max_lengths, beam_size=3, alpha=alpha, fixed_shapes=fixed_shapes)
+        for sentence, max_length in enumerate(max_lengths):
+            expected = exhaustive_beam_search(step.next_log_probs, np.zeros(1), 3, alpha,
+                                              max_length)
+            found = hypotheses(result, sentence)
+            assert [ids for ids, _ in found] == [ids for ids, _ in expected], (seed, sentence)
+            np.testing.assert_allclose([s for _, s in found], [s for _, s in expected],
+                                       rtol=1e-5)
+
+
+def test_ties_go_to_the_lower_token_then_the_lower_beam():
+    # After BOS, tokens 5 and 4 are equally likely; after either, EOS.
+    step = TableStep(table_favouring({(0, BOS_ID): {4: 0.4, 5: 0.4},
+                                      (1, 4): {EOS_ID: 0.9}, (1, 5): {EOS_ID: 0.9}}))
+    best = hypotheses(beams(step, [3], beam_size=1, alpha=0.0))
+    assert best[0][0] == (4, EOS_ID)
+    both = hypotheses(beams(step, [3], beam_size=2, alpha=0.0))
+    assert [ids for ids, _ in both] == [(4, EOS_ID), (5, EOS_ID)]
+    assert both[0][1] == both[1][1]
+
+
+def test_pad_and_bos_are_never_output_and_eos_is_forced_at_the_limit_scoring_zero():
+    # PAD and BOS are the likeliest tokens everywhere; EOS never is.
+    step = TableStep(table_favouring({(i, t): {PAD_ID: 0.45, BOS_ID: 0.45, EOS_ID: 1e-6}
+                                      for i in range(WIDTH + 1) for t in range(VOCAB)}))
+    result = beams(step, [3, 1], beam_size=2, alpha=0.0)
+    for sentence, max_length in enumerate((3, 1)):
+        for ids, _ in hypotheses(result, sentence):
+            assert PAD_ID not in ids and BOS_ID not in ids
+            assert len(ids) == max_length and ids[-1] == EOS_ID  # forced at the limit
+    # A limit of one token: EOS alone, forced, log-prob 0; the other slot stays empty.
+    assert hypotheses(result, 1) == [((EOS_ID,), 0.0)]
+    assert result.lengths[1].tolist() == [1, 0] and result.scores[1, 1] == -np.inf
+    # The forced EOS adds nothing: each hypothesis' log-prob is its two tokens'.
+    table = step.table.numpy()
+    for ids, log_prob in zip(result.ids[0], result.log_probs[0]):
+        assert log_prob == pytest.approx(table[0, BOS_ID, ids[0]] + table[1, ids[0], ids[1]])
+
+
+def test_a_finished_hypothesis_leaves_the_beam_and_the_live_ones_go_on():
+    # After BOS: EOS 0.5 (finished at length 1) or 4 (0.4), then 4 EOS.
+    step = TableStep(table_favouring({(0, BOS_ID): {EOS_ID: 0.5, 4: 0.4},
+                                      (1, 4): {EOS_ID: 0.95}}))
+    found = hypotheses(beams(step, [WIDTH], beam_size=2, alpha=0.0))
+    assert [ids for ids, _ in found] == [(EOS_ID,), (4, EOS_ID)]
+    np.testing.assert_allclose([s for _, s in found], np.log([0.5, 0.4 * 0.95]), rtol=1e-5)
+
+
+def test_the_length_penalty_decides_between_a_short_and_a_long_output():
+    # EOS at once (0.3), or 4 then EOS (0.5 x 0.9 = 0.45): the longer output is likelier,
+    # and at alpha 0 it wins; the shorter wins when the penalty favours shortness
+    # (negative alpha), and ((5 + 2) / 6)^alpha over ((5 + 1) / 6)^alpha widens the
+    # longer's lead as alpha grows.
+    step = TableStep(table_favouring({(0, BOS_ID): {EOS_ID: 0.3, 4: 0.5},
+                                      (1, 4): {EOS_ID: 0.9}}))
+    at = {alpha: [ids for ids, _ in hypotheses(beams(step, [WIDTH], beam_size=2, alpha=alpha))]
+          for alpha in (0.0, 1.0, -8.0)}
+    assert at[0.0] == at[1.0] == [(4, EOS_ID), (EOS_ID,)]
+    assert at[-8.0] == [(EOS_ID,), (4, EOS_ID)]
+
+
+def test_the_early_exit_waits_for_a_live_beam_the_length_penalty_can_still_lift():
+    # EOS at once (0.3) scores log 0.3 / lp(1) = -1.20 at alpha 2. The live beam "4"
+    # (log-prob -2) scores at most -2 / lp(2) = -1.47 if it ended next, which a bound
+    # taken at the next length would call beaten; but it goes on almost surely to the
+    # limit, where -2 / lp(6) = -0.60 beats the short output.
+    step = TableStep(table_favouring({(0, BOS_ID): {EOS_ID: 0.3, 4: np.exp(-2.0)},
+                                      **{(i, 4): {4: 0.999} for i in range(1, WIDTH + 1)}}))
+    found = hypotheses(beams(step, [WIDTH], beam_size=2, alpha=2.0, num_hypotheses=1))
+    assert found[0][0] == (4,) * (WIDTH - 1) + (EOS_ID,)
+    assert found[0][1] == pytest.approx((-2.0 + (WIDTH - 2) * np.log(0.999)) /
+                                        ((5 + WIDTH) / 6) ** 2, rel=1e-5)
+
+
+def test_a_target_prefix_is_forced_scored_and_then_searched_on():
+    table = random_table(7)
+    step = TableStep(table)
+    prefix = [[9, 11], [0, 0]]  # the second sentence has none
+    result = beams(step, [WIDTH, WIDTH], beam_size=2, alpha=0.6, target_prefix=prefix)
+    for sentence, row in enumerate(prefix):
+        tokens = tuple(t for t in row if t)
+        expected = exhaustive_beam_search(step.next_log_probs, np.zeros(1), 2, 0.6, WIDTH,
+                                          prefix=tokens)
+        found = hypotheses(result, sentence)
+        assert all(ids[:len(tokens)] == tokens for ids, _ in found)
+        assert [ids for ids, _ in found] == [ids for ids, _ in expected]
+        np.testing.assert_allclose([s for _, s in found], [s for _, s in expected], rtol=1e-5)
+    # A prefix as long as the limit is cut where only EOS fits.
+    cut = beams(step, [3], beam_size=2, alpha=0.0, target_prefix=[[9, 11, 12, 13]])
+    assert hypotheses(cut)[0][0] == (9, 11, EOS_ID)
+
+
+def test_one_exact_hypothesis_stops_as_soon_as_it_is_certain():
+    # EOS at once with 0.9: no live beam (at most 0.1) can beat it, so the best is known
+    # after one step; the second best needs the search to go on.
+    step = TableStep(table_favouring({(0, BOS_ID): {EOS_ID: 0.9}}))
+    all_exact = beams(step, [WIDTH], beam_size=2, alpha=0.0)
+    calls_all = step.calls
+    step.calls = 0
+    best_only = beams(step, [WIDTH], beam_size=2, alpha=0.0, num_hypotheses=1)
+    assert step.calls == 1 < calls_all
+    assert hypotheses(best_only)[0] == hypotheses(all_exact)[0] == \
+        ((EOS_ID,), pytest.approx(np.log(0.9)))
+    with pytest.raises(ValueError, match="num_hypotheses must be in 1..beam_size=2, got 3"):
+        beams(step, [WIDTH], beam_size=2, num_hypotheses=3)
+
+
+def test_greedy_search_follows_the_likeliest_token_until_eos():
+    table = random_table(3, sharpness=4.0)
+    step = TableStep(table)
+    result = search_single_path(step, {}, tf.constant([WIDTH, 3]), WIDTH, alpha=0.0)
+    for sentence, max_length in enumerate((WIDTH, 3)):
+        ids, token, expected = result.ids.numpy()[sentence, 0], BOS_ID, []
+        for position in range(max_length):
+            allowed = [t for t in range(VOCAB) if t not in (PAD_ID, BOS_ID)]
+            token = (EOS_ID if position == max_length - 1 else
+                     max(allowed, key=lambda t: table[position, token, t]))
+            expected.append(token)
+            if token == EOS_ID:
+                break
+        assert ids[:len(expected)].tolist() == expected and not ids[len(expected):].any()
