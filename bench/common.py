@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -349,9 +349,10 @@ def update_flops(config, batch: int, source_len: int, target_len: int,
 EXECUTOR_SPAN = "ExecutorState::Process"
 
 
-def kernel_profile(fn) -> Tuple[Dict[str, Tuple[float, int]], float]:
+def kernel_profile(fn, group=None) -> Tuple[Dict[Any, Tuple[float, int]], float]:
     """({op type: (kernel seconds, kernels run)}, executor seconds outside kernels) of one
-    call of fn() under the TensorFlow profiler, from its trace (`*.xplane.pb`).
+    call of fn() under the TensorFlow profiler, from its trace (`*.xplane.pb`); with
+    group(node name, op type) -> key, the kernels are summed by that key instead.
 
     On 2 cores TensorFlow runs two ops at once, so kernel time can exceed wall time; the
     executor figure is the time the executor threads spent outside any kernel (scheduling,
@@ -380,9 +381,11 @@ def kernel_profile(fn) -> Tuple[Dict[str, Tuple[float, int]], float]:
                 if name == EXECUTOR_SPAN:
                     executor += spent
                 elif ":" in name:
-                    op_type = name.rsplit(":", 1)[1].replace("_Mkl", "")
-                    by_type[op_type][0] += spent
-                    by_type[op_type][1] += 1
+                    node, op_type = name.rsplit(":", 1)
+                    op_type = op_type.replace("_Mkl", "")
+                    key = op_type if group is None else group(node, op_type)
+                    by_type[key][0] += spent
+                    by_type[key][1] += 1
                     kernels += spent
     return {k: tuple(v) for k, v in by_type.items()}, max(executor - kernels, 0.0)
 

@@ -24,7 +24,9 @@ exported beam search?
     request by request (the sums of each sentence's best and median time). About 2 minutes.
 
 One more call of each runs under the TensorFlow profiler, whose kernel times are summed by
-op type from its trace (common.kernel_profile). On 2 cores TensorFlow runs two ops at once,
+op type from its trace (common.kernel_profile). For the search, a second table sums them by
+what they do in a decode step (`ROLES`: the matmuls of each sublayer, softmax and top-k, beam
+bookkeeping, the rest), per step: the decoder's ops carry their sublayer's name scope. On 2 cores TensorFlow runs two ops at once,
 so kernel time can exceed wall time; the "executor outside kernels" row is the time the
 executor threads spent outside any kernel (scheduling, allocation, the while loop's control
 flow): per-op dispatch. (The file is not called profile.py: bench/ comes first on sys.path,
@@ -72,6 +74,73 @@ def print_op_table(title: str, columns, top: int):
                  *(f"{executor * 1e3:,.1f}" for *_, executor in columns)])
     common.print_table(["op type", *(f"{label}: ms (kernels)" for label, *_ in columns)],
                        rows, title=f"**{title}**")
+
+
+# What a kernel does in a decode step, by its node's name scope and its op type: the table
+# rows of `print_role_table`, in order.
+ROLES = ("matmul: self-attention", "matmul: cross-attention", "matmul: feed-forward",
+         "matmul: output projection", "matmul: other", "softmax and top-k",
+         "beam bookkeeping: gather, concat, select, scatter",
+         "attention's other ops (elementwise attention, reshapes)",
+         "other ops (norms, residuals, activations, casts, shapes)",
+         "outside the loop (tokenizer, encoder, set-up)")
+BOOKKEEPING = {"GatherV2", "GatherNd", "ConcatV2", "SelectV2", "Select", "Where",
+               "TensorScatterUpdate", "ScatterNd", "Tile"}
+SCOPES = (("self_attention", "self-attention"), ("cross_attention", "cross-attention"),
+          ("feed_forward", "feed-forward"), ("output_projection", "output projection"))
+
+
+def role(node: str, op_type: str) -> str:
+    """The ROLES row of a kernel of node `node` and type `op_type`."""
+    if "/while/" not in f"/{node}":
+        return ROLES[-1]
+    scope = next((label for name, label in SCOPES if f"/{name}" in f"/{node}"), None)
+    if "MatMul" in op_type or op_type == "Einsum":
+        return f"matmul: {scope or 'other'}"
+    if op_type in ("Softmax", "LogSoftmax", "TopKV2"):
+        return "softmax and top-k"
+    if op_type in BOOKKEEPING:
+        return "beam bookkeeping: gather, concat, select, scatter"
+    if scope in ("self-attention", "cross-attention"):
+        return "attention's other ops (elementwise attention, reshapes)"
+    return "other ops (norms, residuals, activations, casts, shapes)"
+
+
+def by_op_type(by_role_and_type):
+    """{(role, op type): (seconds, kernels)} -> {op type: (seconds, kernels)}."""
+    total = collections.defaultdict(lambda: [0.0, 0])
+    for (_, op_type), (seconds, count) in by_role_and_type.items():
+        total[op_type][0] += seconds
+        total[op_type][1] += count
+    return {k: tuple(v) for k, v in total.items()}
+
+
+def print_role_table(title: str, columns):
+    """columns: [(label, wall seconds, {(role, op type): (seconds, kernels)}, executor
+    seconds)] -> a table of kernel ms per decode step by role, and each role's share of the
+    kernel and executor time inside the loop. Steps: the output projection's kernels."""
+    rows, header = [], ["in a decode step"]
+    per_column = []
+    for label, wall, by_key, executor in columns:
+        by_role = collections.defaultdict(float)
+        for (name, _), (seconds, _) in by_key.items():
+            by_role[name] += seconds
+        steps = sum(count for (name, _), (_, count) in by_key.items()
+                    if name == "matmul: output projection") or 1
+        in_loop = sum(v for k, v in by_role.items() if k != ROLES[-1]) + executor
+        per_column.append((by_role, steps, in_loop, executor))
+        header.append(f"{label}: ms per step (share of the loop)")
+    for name in ROLES[:-1] + ("executor outside kernels (dispatch, loop control)",):
+        cells = []
+        for by_role, steps, in_loop, executor in per_column:
+            seconds = executor if name.startswith("executor") else by_role.get(name, 0.0)
+            cells.append(f"{seconds / steps * 1e3:,.2f} ({seconds / max(in_loop, 1e-12):.0%})")
+        rows.append([name, *cells])
+    rows.append(["steps (output projections run)", *(str(steps) for _, steps, _, _ in per_column)])
+    rows.append([ROLES[-1] + ", ms per call",
+                 *(f"{by_role.get(ROLES[-1], 0.0) * 1e3:,.1f}" for by_role, *_ in per_column)])
+    rows.append(["wall time of the call, ms", *(f"{wall * 1e3:,.1f}" for _, wall, *_ in columns)])
+    common.print_table(header, rows, title=f"**{title}**")
 
 
 # ---------------------------------------------------------------- a training update
@@ -149,12 +218,14 @@ def profile_training(args):
 
 
 def profile_call(function, texts, repeats: int):
-    """(best wall seconds of `repeats` calls, {op type: (kernel seconds, kernels run)} of
-    one profiled call, executor seconds outside kernels) for function(inputs=texts)."""
+    """(best wall seconds of `repeats` calls, {(role, op type): (kernel seconds, kernels
+    run)} of one profiled call, executor seconds outside kernels) for
+    function(inputs=texts)."""
     inputs = tf.constant(texts)
     function(inputs=inputs)  # warm-up: thread pools, first-call allocations
     wall = common.best_seconds(lambda: function(inputs=inputs), repeats)
-    return (wall, *common.kernel_profile(lambda: function(inputs=inputs)))
+    return (wall, *common.kernel_profile(lambda: function(inputs=inputs),
+                                         group=lambda node, op: (role(node, op), op)))
 
 
 def interleaved(functions, texts, batch_size, rounds):
@@ -232,10 +303,13 @@ def profile_decoding(args):
         ("compare", args.compare or "-"),
         ("command", common.command()),
     ])
-    print_op_table(f"serving_default, the first {args.batch_size} test2016 sentences in one "
-                   f"call, beam {beam}", batch, args.top)
-    print_op_table(f"serving_default, the first test2016 sentence alone, beam {beam}", single,
-                   args.top)
+    for title, columns in ((f"the first {args.batch_size} test2016 sentences in one call",
+                            batch), ("the first test2016 sentence alone", single)):
+        print_role_table(f"serving_default, {title}, beam {beam}: kernel time by role",
+                         columns)
+        print_op_table(f"serving_default, {title}, beam {beam}: kernel time by op type",
+                       [(label, wall, by_op_type(by_key), executor)
+                        for label, wall, by_key, executor in columns], args.top)
     if args.compare:
         print_turns_tables(args, len(texts), seconds, requests)
 
