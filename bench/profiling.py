@@ -101,7 +101,7 @@ def role(node: str, op_type: str) -> str:
         return "softmax and top-k"
     if op_type in BOOKKEEPING:
         return "beam bookkeeping: gather, concat, select, scatter"
-    if scope in ("self-attention", "cross-attention"):
+    if scope in ("self-attention", "cross-attention") and "/residual/" not in node:
         return "attention's other ops (elementwise attention, reshapes)"
     return "other ops (norms, residuals, activations, casts, shapes)"
 

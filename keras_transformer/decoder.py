@@ -141,26 +141,28 @@ class DecoderLayer(keras.layers.Layer):
           appended (or, fixed-width, written at `index`): one position written per step).
         """
         # The name scopes label a step's ops by sublayer in a profile
-        # (bench/profiling.py --decoding); they cost nothing at run time.
+        # (bench/profiling.py --decoding); they cost nothing at run time. A sublayer's
+        # residual is in its scope, since Grappler fuses the last matmul with the add.
         residual, norm = self.self_attention_residual, weights["self_attention_residual"]
         with tf.name_scope("self_attention"):
             y, key, value = self.self_attention.self_attention_step(
-                residual.step_sublayer_input(x, norm), cache["key"], cache["value"],
+                _sublayer_input(residual, x, norm), cache["key"], cache["value"],
                 weights["self_attention"], index)
-        x = residual.step(x, y, norm)
+            x = _residual(residual, x, y, norm)
         # The encoder keys and values have a row per sentence: a sentence's beams are
         # its queries of them.
         residual, norm = self.cross_attention_residual, weights["cross_attention_residual"]
         with tf.name_scope("cross_attention"):
             y = self.cross_attention.cross_attention_step(
-                residual.step_sublayer_input(x, norm), cache["cross_key"],
+                _sublayer_input(residual, x, norm), cache["cross_key"],
                 cache["cross_value"], cross_attention_mask, weights["cross_attention"])
-        x = residual.step(x, y, norm)
+            x = _residual(residual, x, y, norm)
         residual, norm = self.feed_forward_residual, weights["feed_forward_residual"]
         with tf.name_scope("feed_forward"):
-            y = self.feed_forward.step(residual.step_sublayer_input(x, norm),
+            y = self.feed_forward.step(_sublayer_input(residual, x, norm),
                                        weights["feed_forward"])
-        return residual.step(x, y, norm), {**cache, "key": key, "value": value}
+            x = _residual(residual, x, y, norm)
+        return x, {**cache, "key": key, "value": value}
 
     def compute_output_shape(self, x_shape, *args, **kwargs):
         return x_shape
@@ -170,6 +172,18 @@ class DecoderLayer(keras.layers.Layer):
                 "d_ff": self.d_ff, "key_dim": self.key_dim, "value_dim": self.value_dim,
                 "dropout": self.dropout, "attention_dropout": self.attention_dropout,
                 "pre_norm": self.pre_norm, "activation": self.activation, "epsilon": self.epsilon}
+
+
+def _sublayer_input(residual, x, norm):
+    """Residual.step_sublayer_input in a "residual" name scope (a profile's label)."""
+    with tf.name_scope("residual"):
+        return residual.step_sublayer_input(x, norm)
+
+
+def _residual(residual, x, y, norm):
+    """Residual.step in a "residual" name scope (a profile's label)."""
+    with tf.name_scope("residual"):
+        return residual.step(x, y, norm)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
