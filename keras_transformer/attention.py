@@ -8,6 +8,7 @@ from keras import ops
 
 from keras_transformer.dropout import Dropout
 from keras_transformer.masking import MASKED_LOGIT
+from keras_transformer.quantization import dense
 
 
 def _swap_length_and_heads(x):
@@ -261,8 +262,9 @@ class MultiHeadAttention(keras.layers.Layer):
           or the fixed-width cache with position `index` written).
         """
         h, d_k, d_v = self.num_heads, self.key_dim, self.value_dim
-        projected = tf.nn.bias_add(tf.matmul(x, weights["input_kernel"]),
-                                   weights["input_bias"])  # [rows, h * (2 d_k + d_v)]
+        projected = dense(x, weights["input_kernel"],
+                          weights["input_bias"])  # [rows, h * (2 d_k + d_v)]
+        projected = tf.cast(projected, key.dtype)  # (an int8 matmul returns float32)
         query, new_key, new_value = tf.split(projected, [h * d_k, h * d_k, h * d_v], axis=1)
         # Static shapes with -1 for rows: no shape ops at every step.
         new_key = tf.reshape(new_key, [-1, h, 1, d_k])
@@ -293,8 +295,8 @@ class MultiHeadAttention(keras.layers.Layer):
           [rows, d_model].
         """
         h, d_k, d_v = self.num_heads, self.key_dim, self.value_dim
-        query = tf.nn.bias_add(tf.matmul(x, weights["input_kernel"]),
-                               weights["input_bias"])  # [rows, h * d_k]
+        query = tf.cast(dense(x, weights["input_kernel"], weights["input_bias"]),
+                        key.dtype)  # [rows, h * d_k]
         query = tf.reshape(query, [tf.shape(key)[0], -1, h, d_k])  # [groups, beams, h, d_k]
         heads = _step_attention(query, key, value, mask,
                                 weights["elementwise"])  # [groups, beams, h, d_v]
@@ -303,8 +305,7 @@ class MultiHeadAttention(keras.layers.Layer):
     @staticmethod
     def _step_output(heads, weights):
         """W^O of the concatenated heads [rows, h * d_v] -> [rows, d_model]."""
-        return tf.nn.bias_add(tf.matmul(heads, weights["output_kernel"]),
-                              weights["output_bias"])
+        return dense(heads, weights["output_kernel"], weights["output_bias"])
 
     def call(self, query, value, attention_mask=None, training=None,
              return_attention_scores=False, packing=None):

@@ -34,7 +34,7 @@ from keras_transformer.step import TransformerStep
 
 def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=DecodeConfig.alpha,
                 extra_length=DecodeConfig.max_extra_length, use_cache=True,
-                num_hypotheses=None, target_prefix=None, fixed_shapes=False):
+                num_hypotheses=None, target_prefix=None, fixed_shapes=False, step_weights=None):
     """Beam search with the length penalty of Wu et al. (2016), section 6.1.
 
     Each step extends every live beam by every token and keeps the 2 * beam_size
@@ -72,6 +72,8 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
         every position the search may decode (written at each step, attended under a
         mask), and a done sentence stays in the batch with its results kept. Same
         results; without XLA it is slower (every step costs as much as the last).
+      step_weights: what each step reads (`TransformerStep.start`'s weights), by default
+        read from the model once per search; e.g. int8 ones made once.
     beam_size, alpha, extra_length and num_hypotheses may be scalar tensors (the caller
     then keeps 1 <= num_hypotheses <= beam_size and extra_length >= 0).
     Returns:
@@ -92,7 +94,7 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
     source_ids = tf.cast(source_ids, tf.int32)
     width, max_lengths = output_limits(source_ids, extra_length, model.config.max_length)
     step, state = TransformerStep.start(model, source_ids, width, use_cache, beam_size,
-                                        fixed_shapes)
+                                        fixed_shapes, step_weights)
 
     def search(step):
         return search_beams(step, state, max_lengths, width, beam_size, alpha,

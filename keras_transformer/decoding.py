@@ -46,7 +46,7 @@ def sequence_log_probs(model, source_ids, target_ids):
 
 def greedy_search(model, source_ids, alpha=DecodeConfig.alpha,
                   extra_length=DecodeConfig.max_extra_length, use_cache=True,
-                  target_prefix=None):
+                  target_prefix=None, step_weights=None):
     """Greedy decoding: the most probable token at each step, until EOS.
 
     Args:
@@ -59,6 +59,7 @@ def greedy_search(model, source_ids, alpha=DecodeConfig.alpha,
         recomputes `model.decode` over the whole prefix (for tests and benchmarks).
       target_prefix: None, or int [batch, prefix_len], 0-padded: each output starts with
         its row's tokens (see `beam_search`).
+      step_weights: what each step reads (see `beam_search`).
     Returns:
       DecodeResult with beam = 1.
 
@@ -75,17 +76,18 @@ def greedy_search(model, source_ids, alpha=DecodeConfig.alpha,
     3
     """
     return model_single_path_search(model, source_ids, most_probable, alpha, extra_length,
-                                    use_cache, target_prefix)
+                                    use_cache, target_prefix, step_weights)
 
 
 def model_single_path_search(model, source_ids, choose, alpha, extra_length, use_cache,
-                             target_prefix):
+                             target_prefix, step_weights=None):
     """`search_single_path` over a Transformer's step: what greedy search and sampling
     (keras_transformer.sampling) share. Arguments as `greedy_search`; choose as
     `search_single_path`'s."""
     source_ids = tf.cast(source_ids, tf.int32)
     width, max_lengths = output_limits(source_ids, extra_length, model.config.max_length)
-    step, state = TransformerStep.start(model, source_ids, width, use_cache)
+    step, state = TransformerStep.start(model, source_ids, width, use_cache,
+                                        weights=step_weights)
     return search_single_path(step, state, max_lengths, width, choose, alpha, target_prefix)
 
 

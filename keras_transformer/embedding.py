@@ -3,8 +3,10 @@
 import math
 
 import keras
-import tensorflow as tf
 from keras import ops
+import tensorflow as tf
+
+from keras_transformer.quantization import dense
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -100,11 +102,11 @@ class SharedEmbedding(keras.layers.Layer):
     def step_logits(self, x, weights):
         """`logits` in incremental decoding: [rows, d_model] -> float32 [rows, vocab_size]."""
         if "projection" in weights:
-            logits = tf.matmul(x, weights["projection"])
+            logits = dense(x, weights["projection"], weights.get("bias"))
         else:
             logits = tf.matmul(x, weights["matrix"], transpose_b=True)
-        if "bias" in weights:
-            logits = tf.nn.bias_add(logits, weights["bias"])
+            if "bias" in weights:
+                logits = tf.nn.bias_add(logits, weights["bias"])
         return tf.cast(logits, tf.float32)
 
     def compute_output_shape(self, input_shape):

@@ -4,6 +4,7 @@ import keras
 import tensorflow as tf
 
 from keras_transformer.config import ACTIVATIONS
+from keras_transformer.quantization import dense
 
 # The function of each of ACTIVATIONS' names.
 _FUNCTIONS = {"relu": tf.nn.relu, "swish": tf.nn.silu,
@@ -58,8 +59,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
         """`call` in incremental decoding, on plain tensors: [rows, d_model] ->
         [rows, d_model] (one fused MatMul + BiasAdd (+ activation) per projection)."""
         w_1, b_1, w_2, b_2 = weights
-        inner = _FUNCTIONS[self.activation](tf.nn.bias_add(tf.matmul(x, w_1), b_1))
-        return tf.nn.bias_add(tf.matmul(inner, w_2), b_2)
+        return dense(_FUNCTIONS[self.activation](dense(x, w_1, b_1)), w_2, b_2)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.d_model,)

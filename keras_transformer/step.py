@@ -41,7 +41,8 @@ class TransformerStep:
         self.beam_size, self.fixed_shapes = beam_size, fixed_shapes
 
     @classmethod
-    def start(cls, model, source_ids, width, use_cache=True, beam_size=1, fixed_shapes=False):
+    def start(cls, model, source_ids, width, use_cache=True, beam_size=1, fixed_shapes=False,
+              weights=None):
         """(TransformerStep, its first state) for source_ids int32 [batch, src_len] and
         outputs of `width` tokens at most.
 
@@ -50,6 +51,9 @@ class TransformerStep:
             recompute `model.decode` over the whole prefix).
           fixed_shapes: the cache has width + 1 positions from the start (XLA; see
             beam_search).
+          weights: what the step reads, `model.step_weights(length)` for a length of at
+            least width + 1 (default: read from the model now); e.g. int8 weights made
+            once (keras_transformer.quantization.quantize_step_weights).
         Its attentions choose their way at each step by its rows (see `with_elementwise`).
         """
         encoder_output = model.encode(source_ids, training=False)
@@ -58,7 +62,8 @@ class TransformerStep:
                                                          "encoder_output": encoder_output}
         # Encoder-decoder keys and values are projected once per sentence.
         cache = model.initial_cache(encoder_output, beam_size, width + 1 if fixed_shapes else 0)
-        step = cls(model, width, model.step_weights(width + 1), beam_size, fixed_shapes)
+        weights = model.step_weights(width + 1) if weights is None else weights
+        step = cls(model, width, weights, beam_size, fixed_shapes)
         return step, {"source_mask": padding_mask(source_ids), "cache": cache}
 
     def with_elementwise(self, elementwise):
@@ -68,8 +73,7 @@ class TransformerStep:
         It rides in the step's weights (Transformer.step_weights)."""
         if self.weights is None:  # recomputing: the attentions choose their own way
             return self
-        return TransformerStep(self.model, self.width,
-                               self.model.step_weights(self.width + 1, elementwise),
+        return TransformerStep(self.model, self.width, _with_elementwise(self.weights, elementwise),
                                self.beam_size, self.fixed_shapes)
 
     def __call__(self, seqs, i, state):
@@ -105,3 +109,14 @@ class TransformerStep:
                                "cross_value": tf.gather(layer["cross_value"], sentences)}
                               for layer in state["cache"]]
         return state
+
+
+def _with_elementwise(weights, elementwise):
+    """A copy of step weights (nested dicts, lists and tuples) with every attention's
+    "elementwise" set to `elementwise`."""
+    if isinstance(weights, dict):
+        return {key: elementwise if key == "elementwise" else _with_elementwise(value, elementwise)
+                for key, value in weights.items()}
+    if isinstance(weights, list):
+        return [_with_elementwise(value, elementwise) for value in weights]
+    return weights
