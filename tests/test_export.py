@@ -100,6 +100,34 @@ def _not_core(op_types):
     return {t for t in op_types if not hasattr(tf.raw_ops, t)}
 
 
+@pytest.fixture(scope="module")
+def int8_export(exported, tmp_path_factory):
+    """(version directory, loaded) of the session's model exported with
+    serving_dtype="int8" (trainer.export --serving_dtype=int8)."""
+    import tensorflow_text  # noqa: F401
+    from trainer.serving import saved_model
+    path = saved_model.export(str(exported.model_dir), str(tmp_path_factory.mktemp("int8")),
+                              saved_model.Options(serving_dtype="int8"))
+    return Path(path), tf.saved_model.load(path)
+
+
+def version_and_loaded(request, which):
+    """(version directory, loaded) of the float32 or int8 export, for tests that take both."""
+    if which == "int8":
+        return request.getfixturevalue("int8_export")
+    return request.getfixturevalue("exported").version_dir, request.getfixturevalue("loaded")
+
+
+def test_an_int8_export_adds_only_onednns_int8_matmul_to_the_graph(exported, int8_export):
+    """oneDNN's _QuantizedMatMul, which the stock x86 TensorFlow registers, is the one op
+    of the int8 export that is neither core TensorFlow (tf.raw_ops) nor tensorflow-text."""
+    version, _ = int8_export
+    assert _not_core(_op_types(version)) - _not_core(_op_types(exported.version_dir)) == \
+        {"_QuantizedMatMul"}
+    info = json.loads((version / "assets.extra" / "export.json").read_text())
+    assert info["serving_dtype"] == "int8"
+
+
 def test_graph_holds_only_core_tensorflow_and_tensorflow_text_ops(exported):
     types = _op_types(exported.version_dir)
     python_ops = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
@@ -268,12 +296,14 @@ print(json.dumps(answers))
 """
 
 
-def test_tf_servings_session_loader_answers_every_warmup_request_as_tf2_does(exported,
-                                                                             loaded, tmp_path):
+@pytest.mark.parametrize("which", ["float32", "int8"])
+def test_tf_servings_session_loader_answers_every_warmup_request_as_tf2_does(request, which,
+                                                                             tmp_path):
+    version, loaded = version_and_loaded(request, which)
     script = tmp_path / "session_consumer.py"
     script.write_text(_SESSION_CONSUMER)
-    warmup = exported.version_dir / "assets.extra" / "tf_serving_warmup_requests"
-    result = run([sys.executable, str(script), str(exported.version_dir), str(warmup)],
+    warmup = version / "assets.extra" / "tf_serving_warmup_requests"
+    result = run([sys.executable, str(script), str(version), str(warmup)],
                  cwd=tmp_path, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     answers = json.loads(result.stdout.decode().strip().splitlines()[-1])
     from tensorflow_serving.apis import prediction_log_pb2
@@ -286,16 +316,17 @@ def test_tf_servings_session_loader_answers_every_warmup_request_as_tf2_does(exp
         _assert_answers(answers[name], expected, name)
 
 
+@pytest.mark.parametrize("which", ["float32", "int8"])
 def test_saved_model_cli_runs_the_serving_pages_translate_with_options_request(
-        exported, loaded, tmp_path):
+        request, which, tmp_path):
     """The serving page's command: saved_model_cli run, with the tensorflow_text ops
     registered (TF Serving builds include them; saved_model_cli alone does not)."""
+    version, loaded = version_and_loaded(request, which)
     page = (REPO / "docs" / "serving.md").read_text()
     command = re.search(r"python -c \"(import sys, tensorflow_text;[^\"]+)\" run (.+?)\n",
                         page.replace("\\\n", " "), re.S)
     assert command, "docs/serving.md shows saved_model_cli run on translate_with_options"
-    args = shlex.split(command.group(2).replace("saved_models/small_multi30k/1",
-                                                str(exported.version_dir)))
+    args = shlex.split(command.group(2).replace("saved_models/small_multi30k/1", str(version)))
     run([sys.executable, "-c", command.group(1), "run", *args, f"--outdir={tmp_path}"],
         cwd=tmp_path, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     inputs = dict(item.split("=", 1) for item in

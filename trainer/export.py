@@ -1,6 +1,6 @@
 """python -m trainer.export --model_dir=DIR [--format=saved_model|ctranslate2]
 [--export_dir=DIR] [--export_weights=last|average|ema|best] [--average_last=N]
-[--serving_dtype=float32|bfloat16] [--xla] [--quantization=int8|...]: write a model
+[--serving_dtype=float32|bfloat16|int8] [--xla] [--quantization=int8|...]: write a model
 directory's model for serving.
 
 --format=saved_model (the default) writes the next SavedModel version, for TF Serving or
@@ -39,9 +39,12 @@ flags.DEFINE_float("alpha", DecodeConfig.alpha, "SavedModel: length penalty expo
 flags.DEFINE_integer("max_beam_size", DecodeConfig.max_beam_size, "SavedModel: the largest "
                      "beam_size (and number of samples) a client may ask of the "
                      "translate_with_options and sample signatures.")
-flags.DEFINE_enum("serving_dtype", "float32", ("float32", "bfloat16"), "SavedModel: what "
-                  "the graph computes in; bfloat16 (bfloat16 weights and matmuls, float32 "
-                  "softmaxes and scores) is faster on CPUs with AVX-512 BF16 or AMX.")
+flags.DEFINE_enum("serving_dtype", "float32", ("float32", "bfloat16", "int8"),
+                  "SavedModel: what the graph computes in; bfloat16 (bfloat16 weights and "
+                  "matmuls, float32 softmaxes and scores) is the fastest on CPUs with "
+                  "AVX-512 BF16 or AMX; int8 (the decoding step's matmuls on int8 weights "
+                  "and inputs, oneDNN's int8 kernel; the rest float32) is faster than "
+                  "float32 on x86 CPUs without bfloat16.")
 flags.DEFINE_bool("xla", False, "SavedModel: also export translate_xla, serving_default with "
                   "the search of requests of up to 4 sentences compiled by XLA, faster for "
                   "small requests (a compile per new batch size and source width bucket; "

@@ -52,7 +52,8 @@ class OptionSignatures:
         result = beam_search(self.model, source_ids, beam_size=beam_size, alpha=alpha,
                              extra_length=max_extra_length, use_cache=self.use_cache,
                              num_hypotheses=num_hypotheses,
-                             target_prefix=self.prefix_ids(target_prefix))
+                             target_prefix=self.prefix_ids(target_prefix),
+                             step_weights=self.step_weights)
         return self._hypotheses(source_ids, result, num_hypotheses)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
@@ -99,7 +100,8 @@ class OptionSignatures:
                                temperature=temperature, top_k=top_k, top_p=top_p,
                                alpha=self.decode.alpha, extra_length=max_extra_length,
                                use_cache=self.use_cache,
-                               target_prefix=self.prefix_ids(target_prefix))
+                               target_prefix=self.prefix_ids(target_prefix),
+                               step_weights=self.step_weights)
         return self._hypotheses(source_ids, result, num_hypotheses)
 
 

@@ -51,6 +51,7 @@ from typing import List, Tuple
 import tensorflow as tf
 
 from keras_transformer import DecodeConfig, Transformer
+from keras_transformer.quantization import quantize_step_weights
 from trainer.data import vocabulary
 from trainer.model_dir import files
 from trainer.model_dir.weights import WeightsChoice, final_model
@@ -61,7 +62,7 @@ DESCRIPTION = "SavedModel"
 SIGNATURES = warmup.SIGNATURES
 INFO_FILE = "export.json"
 # What the exported graph computes its matmuls in (trainer.export --serving_dtype).
-SERVING_DTYPES = ("float32", "bfloat16")
+SERVING_DTYPES = ("float32", "bfloat16", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +78,11 @@ class Options:
         BF16 or AMX: weights and activations in bfloat16, attention softmax, log-probs and
         scores in float32. bfloat16 weights rather than float32 ones cast at every
         decoding step (Keras' mixed_bfloat16): the casts cost more than the matmuls save.
-      xla: also export translate_xla (trainer/serving/xla.py).
+        "int8": the decoding step's matmuls on int8 weights (a scale per output column)
+        and int8 inputs (a scale per row), oneDNN's int8 kernel; the rest float32
+        (keras_transformer.quantization).
+      xla: also export translate_xla (trainer/serving/xla.py); not with int8, whose
+        kernel XLA cannot compile.
     """
 
     weights: WeightsChoice = dataclasses.field(default_factory=WeightsChoice)
@@ -89,6 +94,9 @@ class Options:
         if self.serving_dtype not in SERVING_DTYPES:
             raise ValueError(f"unknown serving dtype {self.serving_dtype!r}; choose one of "
                              f"{', '.join(SERVING_DTYPES)}")
+        if self.xla and self.serving_dtype == "int8":
+            raise ValueError("--xla cannot compile the int8 step (XLA has no int8 matmul "
+                             "kernel of oneDNN's); export int8 without --xla")
 
 
 def default_dir(name: str, options: Options) -> str:
@@ -145,13 +153,19 @@ def build_translator(model_dir: str, options: Options = Options()
     """(Translator of the model of model_dir as `options` ask, checkpoint prefixes its
     weights come from)."""
     model, paths = final_model(model_dir, options.weights)
+    step_weights = None
     if options.serving_dtype == "bfloat16":
         float32_model = model
         model = Transformer(float32_model.config, dtype="bfloat16")
         model.build()
         model.set_weights(float32_model.get_weights())
+    elif options.serving_dtype == "int8":
+        # Quantized once, here; the export saves them as variables beside the model's.
+        step_weights = tf.nest.map_structure(
+            lambda t: tf.Variable(t, trainable=False) if tf.is_tensor(t) else t,
+            quantize_step_weights(model.step_weights(model.config.max_length)))
     tokenizers = vocabulary.load_or_train(model_dir, None)
-    return Translator(model, tokenizers, options.decode), paths
+    return Translator(model, tokenizers, options.decode, step_weights=step_weights), paths
 
 
 def _servable(translator: Translator) -> tf.Module:
@@ -165,6 +179,9 @@ def _servable(translator: Translator) -> tf.Module:
     store every weight twice. tf.saved_model.load reads either form."""
     servable = tf.Module(name="translator")
     servable.weights = [variable.value for variable in translator.model.weights]
+    if translator.step_weights is not None:  # int8: the decoding step's own weights
+        servable.step_weights = [t for t in tf.nest.flatten(translator.step_weights)
+                                 if isinstance(t, tf.Variable)]
     servable.tokenizers = [translator.source_tokenizer, translator.target_tokenizer]
     servable.vocabularies = [tf.saved_model.Asset(tokenizer.path)
                              for tokenizer in servable.tokenizers]

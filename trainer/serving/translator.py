@@ -47,12 +47,17 @@ class Translator(OptionSignatures, tf.Module):
         translate_with_options and sample.
       use_cache: incremental decoding with the key/value cache (False recomputes the
         whole prefix every step; for benchmarks).
+      step_weights: what every search's steps read, made once (int8:
+        keras_transformer.quantization.quantize_step_weights, as tf.Variables the export
+        saves); None reads the model's at each search.
     """
 
     def __init__(self, model: Transformer, tokenizers: Tokenizers,
-                 decode: DecodeConfig = DecodeConfig(), use_cache: bool = True):
+                 decode: DecodeConfig = DecodeConfig(), use_cache: bool = True,
+                 step_weights=None):
         super().__init__(name="translator")
         self.model = model
+        self.step_weights = step_weights
         self.source_tokenizer = tokenizers.source
         self.target_tokenizer = tokenizers.target
         self.decode = decode
@@ -96,7 +101,8 @@ class Translator(OptionSignatures, tf.Module):
         it is certain)."""
         return beam_search(self.model, source_ids, beam_size=self.decode.beam_size,
                            alpha=self.decode.alpha, extra_length=self.decode.max_extra_length,
-                           use_cache=self.use_cache, num_hypotheses=num_hypotheses)
+                           use_cache=self.use_cache, num_hypotheses=num_hypotheses,
+                           step_weights=self.step_weights)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def translate(self, inputs):
