@@ -28,13 +28,15 @@ from keras_transformer.ranking import top_k
 from keras_transformer.search import (DecodeResult, TargetPrefix, first_tokens,
                                       growing_shapes, length_penalty, output_limits,
                                       write_tokens)
+from keras_transformer.shortlist import from_candidates, to_candidates
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 from keras_transformer.step import TransformerStep
 
 
 def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=DecodeConfig.alpha,
                 extra_length=DecodeConfig.max_extra_length, use_cache=True,
-                num_hypotheses=None, target_prefix=None, fixed_shapes=False, step_weights=None):
+                num_hypotheses=None, target_prefix=None, fixed_shapes=False, step_weights=None,
+                shortlist=None):
     """Beam search with the length penalty of Wu et al. (2016), section 6.1.
 
     Each step extends every live beam by every token and keeps the 2 * beam_size
@@ -74,6 +76,9 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
         results; without XLA it is slower (every step costs as much as the last).
       step_weights: what each step reads (`TransformerStep.start`'s weights), by default
         read from the model once per search; e.g. int8 ones made once.
+      shortlist: None, or a keras_transformer.shortlist.Shortlist: every step ranks only
+        the batch's candidates (its sources' and prefix's shortlisted pieces), whose
+        softmax normalizes over them (needs use_cache, not fixed_shapes).
     beam_size, alpha, extra_length and num_hypotheses may be scalar tensors (the caller
     then keeps 1 <= num_hypotheses <= beam_size and extra_length >= 0).
     Returns:
@@ -93,8 +98,18 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
     """
     source_ids = tf.cast(source_ids, tf.int32)
     width, max_lengths = output_limits(source_ids, extra_length, model.config.max_length)
+    vocabulary = None
+    if shortlist is not None:
+        if fixed_shapes:
+            raise ValueError("a shortlist's candidates change from batch to batch: not "
+                             "with fixed_shapes")
+        # The search runs over the batch's candidates: the special ids keep their values
+        # (keras_transformer.shortlist), the prefix and the outputs are mapped.
+        vocabulary = shortlist.candidates(source_ids, target_prefix)
+        if target_prefix is not None:
+            target_prefix = to_candidates(target_prefix, vocabulary)
     step, state = TransformerStep.start(model, source_ids, width, use_cache, beam_size,
-                                        fixed_shapes, step_weights)
+                                        fixed_shapes, step_weights, vocabulary)
 
     def search(step):
         return search_beams(step, state, max_lengths, width, beam_size, alpha,
@@ -106,8 +121,11 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
     # request of up to 4 sentences of 4 beams) attends elementwise at every step, without
     # a `tf.cond` per attention per step (one sentence 2-8% faster,
     # docs/performance-notes.md); a larger one chooses at each step.
-    return tf.cond(tf.shape(source_ids)[0] * beam_size <= ELEMENTWISE_MAX_ROWS,
-                   lambda: search(step.with_elementwise(True)), lambda: search(step))
+    result = tf.cond(tf.shape(source_ids)[0] * beam_size <= ELEMENTWISE_MAX_ROWS,
+                     lambda: search(step.with_elementwise(True)), lambda: search(step))
+    if vocabulary is None:
+        return result
+    return result._replace(ids=from_candidates(result.ids, vocabulary))
 
 
 def search_beams(step, state, max_lengths, width, beam_size=DecodeConfig.beam_size,

@@ -6,7 +6,7 @@ import keras
 from keras import ops
 import tensorflow as tf
 
-from keras_transformer.quantization import dense
+from keras_transformer.quantization import Int8Kernel, dense
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -77,8 +77,9 @@ class SharedEmbedding(keras.layers.Layer):
           float32 a matmul with it is faster at every step than one with transpose_b
           (docs/performance-notes.md, "Ranking the vocabulary in two passes"), and
           "bias" [vocab_size] when there is an output bias; or
-        - in other compute dtypes, "bias" [vocab_size], the output bias or, without one,
-          zeros. The paper's projection has no bias (section 3.4), but a matmul followed
+        - in other compute dtypes, "output_matrix", the same matrix as the projection's
+          rows (a shortlist keeps a few of them: `restrict_step_weights`), and "bias"
+          [vocab_size], the output bias or, without one, zeros. The paper's projection has no bias (section 3.4), but a matmul followed
           by a bias is what TensorFlow hands to oneDNN's fused matmul, and that kernel
           keeps the matrix in its own bfloat16 layout from one step to the next when
           serving runs with TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1; the plain matmul lays it out again at
@@ -92,7 +93,34 @@ class SharedEmbedding(keras.layers.Layer):
         if matrix.dtype == tf.float32:
             weights = {"matrix": matrix, "projection": tf.transpose(matrix)}
             return weights if bias is None else {**weights, "bias": bias}
-        return {"matrix": matrix, "bias": tf.zeros_like(matrix[:, 0]) if bias is None else bias}
+        return {"matrix": matrix, "output_matrix": matrix,
+                "bias": tf.zeros_like(matrix[:, 0]) if bias is None else bias}
+
+    @staticmethod
+    def restrict_step_weights(weights, ids):
+        """Step weights whose logits are those of the pieces ids int32 [C] only
+        (keras_transformer.shortlist): the projection's columns (or the output matrix's
+        rows) and the bias's entries gathered once per search, "candidates" ids; the
+        embedding rows stay whole.
+
+        Their matmul is one that keeps no copy of its right-hand side from one call to
+        the next: the plain matmul, the bias added after it, and the int8 kernel told its
+        weight is not constant. A fused matmul + bias would keep the first batch's rows
+        under TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1 and compute every later batch's logits
+        with them (docs/serving.md)."""
+        weights = {**weights, "candidates": ids}
+        if "projection" in weights:
+            projection = weights["projection"]
+            if isinstance(projection, Int8Kernel):
+                weights["projection"] = Int8Kernel(tf.gather(projection.values, ids, axis=1),
+                                                   tf.gather(projection.scales, ids))
+            else:
+                weights["projection"] = tf.gather(projection, ids, axis=1)
+        else:
+            weights["output_matrix"] = tf.gather(weights["output_matrix"], ids)
+        if "bias" in weights:
+            weights["bias"] = tf.cast(tf.gather(weights["bias"], ids), tf.float32)
+        return weights
 
     def step(self, ids, weights):
         """`call` in incremental decoding: ids int [rows] -> [rows, d_model]."""
@@ -100,11 +128,19 @@ class SharedEmbedding(keras.layers.Layer):
                                                            weights["matrix"].dtype)
 
     def step_logits(self, x, weights):
-        """`logits` in incremental decoding: [rows, d_model] -> float32 [rows, vocab_size]."""
+        """`logits` in incremental decoding: [rows, d_model] -> float32 [rows, vocab_size]
+        (or [rows, C] of restricted weights, `restrict_step_weights`)."""
+        if "candidates" in weights:  # a batch's own rows: no kernel may keep them
+            if "projection" in weights:
+                logits = dense(x, weights["projection"], constant=False)
+            else:
+                logits = tf.matmul(x, weights["output_matrix"], transpose_b=True)
+            logits = tf.cast(logits, tf.float32)
+            return logits + weights["bias"] if "bias" in weights else logits
         if "projection" in weights:
             logits = dense(x, weights["projection"], weights.get("bias"))
         else:
-            logits = tf.matmul(x, weights["matrix"], transpose_b=True)
+            logits = tf.matmul(x, weights["output_matrix"], transpose_b=True)
             if "bias" in weights:
                 logits = tf.nn.bias_add(logits, weights["bias"])
         return tf.cast(logits, tf.float32)

@@ -44,13 +44,15 @@ def quantize_kernel(kernel) -> Int8Kernel:
     return Int8Kernel(values, scales)
 
 
-def dense(x, kernel, bias=None):
+def dense(x, kernel, bias=None, constant=True):
     """x [rows, in] @ kernel + bias -> [rows, out], the step's one way to project.
 
     kernel: a tensor [in, out] (float32 or bfloat16, the matmul in x's dtype), or an
     Int8Kernel: then x is quantized per row (each row divided by its largest magnitude,
     rounded to int8), multiplied as int8 by oneDNN, and the output rescaled and the bias
     added in float32; the result is in x's dtype.
+    constant: the kernel is the same at every call of the graph (a weight), so oneDNN's
+    int8 kernel may keep its reordered copy; False for one made per call (a shortlist's).
     """
     if not isinstance(kernel, Int8Kernel):
         y = tf.matmul(x, kernel)
@@ -68,7 +70,7 @@ def dense(x, kernel, bias=None):
                      -_RANGE * kernel.scales, _RANGE * kernel.scales],
         Thost_outputs=[tf.float32], Tdevice_outputs=[], T1=tf.qint8, T2=tf.qint8,
         Tbias=tf.float32, Tout=tf.float32, U=tf.float32, fused_ops=["BiasAdd", "Dequantize"],
-        input_quant_mode="SCALED", output_quant_mode="SCALED", is_weight_const=True,
+        input_quant_mode="SCALED", output_quant_mode="SCALED", is_weight_const=constant,
         is_bias_const=True, transpose_a=False, transpose_b=False, leakyrelu_alpha=0.2)
     y = op.outputs[0] * top
     return tf.cast(y if bias is None else tf.nn.bias_add(y, tf.cast(bias, tf.float32)), dtype)

@@ -36,13 +36,15 @@ class TransformerStep:
     ((2, 20), (2, 4, 1, 16))
     """
 
-    def __init__(self, model, width, weights=None, beam_size=1, fixed_shapes=False):
+    def __init__(self, model, width, weights=None, beam_size=1, fixed_shapes=False,
+                 vocabulary=None):
         self.model, self.width, self.weights = model, width, weights
         self.beam_size, self.fixed_shapes = beam_size, fixed_shapes
+        self.vocabulary = vocabulary
 
     @classmethod
     def start(cls, model, source_ids, width, use_cache=True, beam_size=1, fixed_shapes=False,
-              weights=None):
+              weights=None, vocabulary=None):
         """(TransformerStep, its first state) for source_ids int32 [batch, src_len] and
         outputs of `width` tokens at most.
 
@@ -54,16 +56,24 @@ class TransformerStep:
           weights: what the step reads, `model.step_weights(length)` for a length of at
             least width + 1 (default: read from the model now); e.g. int8 weights made
             once (keras_transformer.quantization.quantize_step_weights).
+          vocabulary: None, or int32 [C], the pieces the step ranks (a shortlist's
+            candidates, keras_transformer.shortlist): its log-probs are [rows, C] and the
+            tokens it reads are indices into vocabulary (cached steps only).
         Its attentions choose their way at each step by its rows (see `with_elementwise`).
         """
         encoder_output = model.encode(source_ids, training=False)
         if not use_cache:
+            if vocabulary is not None:
+                raise ValueError("a step over a shortlist needs use_cache=True")
             return cls(model, width, None, beam_size), {"source_ids": source_ids,
                                                          "encoder_output": encoder_output}
         # Encoder-decoder keys and values are projected once per sentence.
         cache = model.initial_cache(encoder_output, beam_size, width + 1 if fixed_shapes else 0)
         weights = model.step_weights(width + 1) if weights is None else weights
-        step = cls(model, width, weights, beam_size, fixed_shapes)
+        if vocabulary is not None:  # the projection's rows gathered once per batch
+            weights = {**weights, "embedding": model.embedding.restrict_step_weights(
+                weights["embedding"], vocabulary)}
+        step = cls(model, width, weights, beam_size, fixed_shapes, vocabulary)
         return step, {"source_mask": padding_mask(source_ids), "cache": cache}
 
     def with_elementwise(self, elementwise):
@@ -74,7 +84,7 @@ class TransformerStep:
         if self.weights is None:  # recomputing: the attentions choose their own way
             return self
         return TransformerStep(self.model, self.width, _with_elementwise(self.weights, elementwise),
-                               self.beam_size, self.fixed_shapes)
+                               self.beam_size, self.fixed_shapes, self.vocabulary)
 
     def __call__(self, seqs, i, state):
         if self.weights is None:
@@ -83,7 +93,10 @@ class TransformerStep:
                                        tf.repeat(state["source_ids"], self.beam_size, 0),
                                        training=False)[:, -1, :]
             return tf.nn.log_softmax(logits, axis=-1), state
-        logits, cache = self.model.decode_step(seqs[:, i], i, state["cache"],
+        tokens = seqs[:, i]
+        if self.vocabulary is not None:
+            tokens = tf.gather(self.vocabulary, tokens)
+        logits, cache = self.model.decode_step(tokens, i, state["cache"],
                                                state["source_mask"], self.weights,
                                                self.fixed_shapes)
         return tf.nn.log_softmax(logits, axis=-1), {**state, "cache": cache}

@@ -1,0 +1,186 @@
+"""The vocabulary shortlist (keras_transformer.shortlist): what it lists from a corpus,
+a batch's candidates, and beam search over them, checked against the full vocabulary's
+search on a step whose non-candidates are masked. Untrained tiny models, in seconds."""
+
+import collections
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import (BOS_ID, EOS_ID, PAD_ID, Transformer, TransformerConfig,
+                               beam_search, search_beams)
+from keras_transformer.quantization import quantize_step_weights
+from keras_transformer.search import output_limits
+from keras_transformer.shortlist import SPECIAL_IDS, Shortlist
+from keras_transformer.step import TransformerStep
+
+VOCAB = 40
+
+
+def random_corpus(seed, pairs=200, source_vocab=VOCAB, target_vocab=VOCAB):
+    """Aligned lists of piece ids (no special ids), Zipf-like so that counts differ."""
+    rng = np.random.default_rng(seed)
+
+    def sentence(vocab):
+        return (SPECIAL_IDS + rng.zipf(1.3, size=rng.integers(1, 9)) % (vocab - SPECIAL_IDS)
+                ).tolist()
+    return ([sentence(source_vocab) for _ in range(pairs)],
+            [sentence(target_vocab) for _ in range(pairs)])
+
+
+def test_the_shortlist_holds_the_most_frequent_and_each_source_pieces_most_cooccurring():
+    sources, targets = random_corpus(0)
+    frequent, per_source = 5, 4
+    shortlist = Shortlist.from_corpus(sources, targets, VOCAB, VOCAB, frequent, per_source)
+    # Counted the plain way: pieces in target sentences, and pairs once per sentence pair.
+    counts = collections.Counter(t for target in targets for t in target)
+    expected_frequent = sorted(sorted(counts, key=lambda t: (-counts[t], t))[:frequent])
+    assert shortlist.frequent.tolist() == expected_frequent
+    pairs = collections.Counter((s, t) for source, target in zip(sources, targets)
+                                for s in set(source) for t in set(target)
+                                if t not in expected_frequent)
+    for s in range(VOCAB):
+        ranked = sorted((t for (s2, t) in pairs if s2 == s), key=lambda t: (-pairs[s, t], t))
+        listed = ranked[:per_source]
+        assert shortlist.by_source[s].tolist() == listed + [EOS_ID] * (per_source - len(listed))
+
+
+def tiny_model(dtype="float32", output_bias=False):
+    """An untrained tiny model with a peaked softmax (embeddings scaled up)."""
+    keras.utils.set_random_seed(3)
+    config = dataclasses.replace(TransformerConfig.tiny(vocab_size=VOCAB),
+                                 output_bias=output_bias)
+    model = Transformer(config, dtype=dtype)
+    model.build()
+    model.embedding.embeddings.assign(model.embedding.embeddings.numpy() * 3.0)
+    if output_bias:
+        model.embedding.bias.assign(np.random.default_rng(3).normal(size=VOCAB))
+    return model
+
+
+SOURCES = tf.constant([[5, 9, 12, 3, 0, 0], [7, 7, 20, 31, 8, 3], [3, 0, 0, 0, 0, 0]])
+
+
+def small_shortlist():
+    sources, targets = random_corpus(1)
+    shortlist = Shortlist.from_corpus(sources, targets, VOCAB, VOCAB, frequent=3, per_source=2)
+    return Shortlist(tf.constant(shortlist.frequent), tf.constant(shortlist.by_source), VOCAB)
+
+
+def test_a_batchs_candidates_are_the_specials_the_frequent_its_sources_lists_and_prefix():
+    shortlist = small_shortlist()
+    prefix = tf.constant([[33, 0], [0, 0], [34, 35]])
+    candidates = shortlist.candidates(SOURCES, prefix).numpy()
+    expected = (set(range(SPECIAL_IDS)) | set(shortlist.frequent.numpy().tolist())
+                | set(shortlist.by_source.numpy()[SOURCES.numpy().ravel()].ravel().tolist())
+                | {33, 34, 35})
+    assert candidates.tolist() == sorted(expected)
+    assert len(candidates) < VOCAB  # a shortlist, not the vocabulary
+
+
+class MaskedStep:
+    """The full vocabulary's step with every non-candidate at -inf and the softmax taken
+    over the candidates: what a shortlist must rank, in the vocabulary's own ids."""
+
+    def __init__(self, step, candidates):
+        self.step = step
+        self.mask = tf.scatter_nd(candidates[:, None], tf.ones_like(candidates), [VOCAB]) > 0
+        self.reorder, self.keep = step.reorder, step.keep
+
+    def __call__(self, seqs, i, state):
+        log_probs, state = self.step(seqs, i, state)
+        return tf.nn.log_softmax(tf.where(self.mask, log_probs, float("-inf"))), state
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
+def test_beam_search_over_the_candidates_is_the_masked_full_search(weights):
+    model = tiny_model("bfloat16" if weights == "bfloat16" else "float32")
+    shortlist = small_shortlist()
+    step_weights = None
+    if weights == "int8":
+        step_weights = quantize_step_weights(model.step_weights(model.config.max_length))
+    prefix = tf.constant([[33, 0], [0, 0], [0, 0]])
+    candidates = shortlist.candidates(SOURCES, prefix)
+
+    @tf.function  # the int8 kernel runs in graphs only
+    def searches():
+        result = beam_search(model, SOURCES, beam_size=3, alpha=0.6, extra_length=6,
+                             target_prefix=prefix, step_weights=step_weights,
+                             shortlist=shortlist)
+        width, max_lengths = output_limits(SOURCES, 6, model.config.max_length)
+        step, state = TransformerStep.start(model, SOURCES, width, beam_size=3,
+                                            weights=step_weights)
+        reference = search_beams(MaskedStep(step, candidates), state, max_lengths, width,
+                                 beam_size=3, alpha=0.6, target_prefix=prefix)
+        return result, reference
+
+    result, reference = searches()
+    np.testing.assert_array_equal(result.ids.numpy(), reference.ids.numpy())
+    np.testing.assert_allclose(result.scores.numpy(), reference.scores.numpy(), atol=1e-4)
+    ids = result.ids.numpy()
+    assert set(ids.ravel().tolist()) <= set(candidates.numpy().tolist())
+    assert not np.isin(ids, [BOS_ID]).any()
+    assert (ids[0, :, 0] == 33).all()  # the prefix, a piece of no list
+    assert (ids == EOS_ID).sum(axis=-1).max() == 1  # every output ends once
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
+def test_each_call_ranks_its_own_batchs_candidates(weights, monkeypatch):
+    """One traced search called on two batches whose candidates differ: the second call's
+    results are those of a search that never saw the first (no kernel kept the first
+    batch's projection rows as a constant weight), also with the serving page's
+    TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1 (read as each kernel is made), under which oneDNN's
+    fused matmul + bias keeps the first right-hand side it saw."""
+    monkeypatch.setenv("TF_ONEDNN_ASSUME_FROZEN_WEIGHTS", "1")
+    model = tiny_model("bfloat16" if weights == "bfloat16" else "float32", output_bias=True)
+    shortlist = small_shortlist()
+    step_weights = None
+    if weights == "int8":
+        step_weights = quantize_step_weights(model.step_weights(model.config.max_length))
+
+    def search(sources):
+        return beam_search(model, sources, beam_size=3, alpha=0.6, extra_length=6,
+                           step_weights=step_weights, shortlist=shortlist)
+
+    # Two one-piece sources with as many candidates (a kernel that keeps its weight
+    # re-lays it out at a new shape) but different ones.
+    found = {}
+    for piece in range(SPECIAL_IDS, VOCAB):
+        sources = tf.constant([[piece, EOS_ID]])
+        candidates = tuple(shortlist.candidates(sources).numpy())
+        same_size = [s for c, s in found.items() if len(c) == len(candidates) and c != candidates]
+        if same_size:
+            first, second = same_size[0], sources
+            break
+        found[candidates] = sources
+    else:
+        pytest.fail("no two sources with as many candidates and different ones")
+    fresh = tf.function(search)(second)
+    reused = tf.function(search)
+    reused(first)
+    again = reused(second)
+    np.testing.assert_array_equal(again.ids.numpy(), fresh.ids.numpy())
+    np.testing.assert_allclose(again.scores.numpy(), fresh.scores.numpy(), atol=1e-6)
+
+
+def test_a_shortlist_of_every_piece_changes_nothing():
+    model = tiny_model()
+    everything = Shortlist(tf.range(SPECIAL_IDS, VOCAB),
+                           tf.fill([VOCAB, 1], EOS_ID), VOCAB)
+    full = beam_search(model, SOURCES, beam_size=4, alpha=0.6, extra_length=6)
+    listed = beam_search(model, SOURCES, beam_size=4, alpha=0.6, extra_length=6,
+                         shortlist=everything)
+    np.testing.assert_array_equal(listed.ids.numpy(), full.ids.numpy())
+    np.testing.assert_allclose(listed.scores.numpy(), full.scores.numpy(), atol=1e-5)
+    assert (full.ids.numpy() != PAD_ID).sum() > 0
+
+
+def test_a_shortlist_needs_the_cached_growing_search():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="use_cache"):
+        beam_search(model, SOURCES, use_cache=False, shortlist=small_shortlist())
+    with pytest.raises(ValueError, match="fixed_shapes"):
+        beam_search(model, SOURCES, fixed_shapes=True, shortlist=small_shortlist())
