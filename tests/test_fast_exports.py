@@ -1,6 +1,8 @@
-"""`trainer.export --serving_dtype=int8`: the decoding step's matmuls on int8 weights and
-inputs (keras_transformer.quantization) translate as the float32 export does, in a Python
-that has only tensorflow and tensorflow_text, and answer bad requests as it does."""
+"""The exports that trade a little exactness for speed: `trainer.export --serving_dtype=int8`
+(the decoding step's matmuls on int8 weights and inputs, keras_transformer.quantization) and
+`--shortlist=SRC,TGT` (each batch ranks its shortlisted target pieces only,
+keras_transformer.shortlist) translate as the float32 export does, in a Python that has
+only tensorflow and tensorflow_text, and answer bad requests as it does."""
 
 import json
 import os
@@ -8,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+import sentencepiece
 import tensorflow as tf
 
 from conftest import REPO, _env, run
@@ -66,56 +69,89 @@ def _leaves(weights, path=()):
 
 @pytest.fixture(scope="module")
 def exports(main_job, tmp_path_factory):
-    """{"float32": the main job's SavedModel version, "int8": its int8 export by the
-    real CLI}."""
+    """{"float32": the main job's SavedModel version, "int8": its int8 export, "shortlist":
+    its float32 export with a shortlist of the main job's training pairs}, by the real CLI."""
     model_dir = main_job.directory / "runs" / "tiny_builtin"
-    export_dir = tmp_path_factory.mktemp("int8") / "export"
-    result = run([sys.executable, "-m", "trainer.export", f"--model_dir={model_dir}",
-                  "--serving_dtype=int8", f"--export_dir={export_dir}"], cwd=REPO, env=_env())
-    assert f"exported SavedModel to {export_dir / '1'}" in result.stdout.decode()
-    return {"float32": main_job.directory / "saved_models" / "tiny_builtin" / "1",
-            "int8": export_dir / "1"}
+    scratch = tmp_path_factory.mktemp("fast_exports")
+    english, german = builtin_corpus.splits()["train"]  # what the main job trained on
+    (scratch / "train.en").write_text("\n".join(english) + "\n")
+    (scratch / "train.de").write_text("\n".join(german) + "\n")
+    found = {"float32": main_job.directory / "saved_models" / "tiny_builtin" / "1"}
+    for name, flags in (("int8", ["--serving_dtype=int8"]),
+                        ("shortlist", [f"--shortlist={scratch / 'train.en'},"
+                                       f"{scratch / 'train.de'}", "--shortlist_frequent=50",
+                                       f"--shortlist_per_source={PER_SOURCE}"])):
+        export_dir = scratch / name
+        result = run([sys.executable, "-m", "trainer.export", f"--model_dir={model_dir}",
+                      *flags, f"--export_dir={export_dir}"], cwd=REPO, env=_env())
+        assert f"exported SavedModel to {export_dir / '1'}" in result.stdout.decode()
+        found[name] = export_dir / "1"
+    return found
 
 
-# Translates stdin's JSON list of texts with a SavedModel, printing the translations.
+PER_SOURCE = 20
+
+# Translates stdin's JSON list of texts with each SavedModel named on the command line,
+# printing {path: translations}.
 _CONSUMER = r"""
 import json, sys
 import tensorflow as tf
 import tensorflow_text  # registers the SentencePiece ops
 texts = json.loads(sys.stdin.read())
-translate = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-out = []
-for i in range(0, len(texts), 100):
-    out += [t.decode() for t in translate(inputs=tf.constant(texts[i:i + 100]))["translations"].numpy()]
-print(json.dumps(out))
+outputs = {}
+for path in sys.argv[1:]:
+    translate = tf.saved_model.load(path).signatures["serving_default"]
+    out = []
+    for i in range(0, len(texts), 100):
+        out += [t.decode() for t in translate(inputs=tf.constant(texts[i:i + 100]))["translations"].numpy()]
+    outputs[path] = out
+print(json.dumps(outputs))
 """
 
 
-def test_the_int8_export_translates_the_validation_set_as_float32_in_a_fresh_python(
+def test_the_int8_and_shortlist_exports_translate_as_float32_in_a_fresh_python(
         exports, tmp_path):
     english, german = builtin_corpus.splits()["validation"]  # the main job's held-out 1,000
     script = tmp_path / "consumer.py"
     script.write_text(_CONSUMER)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # no project here
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    exact = {}
-    for name, version in exports.items():
-        result = run([sys.executable, str(script), str(version)], cwd=tmp_path,
-                     input=json.dumps(english).encode(), env=env)
-        translations = json.loads(result.stdout.decode().strip().splitlines()[-1])
-        exact[name] = 100 * np.mean([t == g for t, g in zip(translations, german)])
+    result = run([sys.executable, str(script), *map(str, exports.values())], cwd=tmp_path,
+                 input=json.dumps(english).encode(), env=env)
+    outputs = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    exact = {name: 100 * np.mean([t == g for t, g in zip(outputs[str(path)], german)])
+             for name, path in exports.items()}
     assert exact["float32"] > 99.0, exact
     assert abs(exact["int8"] - exact["float32"]) <= 0.5, exact
+    assert abs(exact["shortlist"] - exact["float32"]) <= 0.5, exact
 
 
-def test_the_int8_export_answers_bad_requests_as_the_float32_one(exports):
+def test_the_shortlist_is_stored_and_ranks_fewer_pieces_than_the_vocabulary(exports):
+    import tensorflow_text  # noqa: F401
+    from keras_transformer.shortlist import Shortlist
+    loaded = tf.saved_model.load(str(exports["shortlist"]))
+    frequent, by_source = loaded.shortlist
+    info = json.loads((exports["shortlist"] / "assets.extra" / "export.json").read_text())
+    vocab = info["model"]["vocab_size"]
+    assert info["shortlist"]["frequent"] == 50 and frequent.shape == [50]
+    assert by_source.shape == [vocab, PER_SOURCE]
+    english, _ = builtin_corpus.splits()["validation"]
+    pieces = sentencepiece.SentencePieceProcessor(
+        model_file=str(exports["shortlist"] / "assets" / "spm.model"))
+    ids = tf.ragged.constant(pieces.encode(english[:64])).to_tensor()  # a batch's sources
+    candidates = Shortlist(frequent, by_source, vocab).candidates(ids)
+    assert 4 < len(candidates) < vocab / 2, (len(candidates), vocab)
+
+
+def test_the_int8_and_shortlist_exports_answer_bad_requests_as_the_float32_one(exports):
     import tensorflow_text  # noqa: F401
     loaded = {name: tf.saved_model.load(str(version)) for name, version in exports.items()}
     texts = tf.constant(["", "  ", b"\xff\xfe broken utf-8", "twenty-one"])
     answers = {name: m.signatures["serving_default"](inputs=texts)["translations"].numpy()
                for name, m in loaded.items()}
-    assert answers["int8"][:2].tolist() == answers["float32"][:2].tolist() == [b"", b""]
-    assert answers["int8"][3] == answers["float32"][3]
+    for name in ("int8", "shortlist"):
+        assert answers[name][:2].tolist() == answers["float32"][:2].tolist() == [b"", b""]
+        assert answers[name][3] == answers["float32"][3]
     for name, m in loaded.items():
         with pytest.raises(tf.errors.InvalidArgumentError,
                            match=r"beam_size must be in \[1, 8\], got 9"):

@@ -1,7 +1,7 @@
 """python -m trainer.export --model_dir=DIR [--format=saved_model|ctranslate2]
 [--export_dir=DIR] [--export_weights=last|average|ema|best] [--average_last=N]
-[--serving_dtype=float32|bfloat16|int8] [--xla] [--quantization=int8|...]: write a model
-directory's model for serving.
+[--serving_dtype=float32|bfloat16|int8] [--xla] [--shortlist=SRC,TGT]
+[--quantization=int8|...]: write a model directory's model for serving.
 
 --format=saved_model (the default) writes the next SavedModel version, for TF Serving or
 any TensorFlow program with tensorflow_text (layout and signatures:
@@ -18,6 +18,7 @@ from absl import flags
 from keras_transformer.config import DecodeConfig
 from trainer import cli
 from trainer.serving import exporters
+from trainer.serving.shortlist import ShortlistChoice
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Model directory of python -m trainer.task.")
@@ -50,6 +51,17 @@ flags.DEFINE_bool("xla", False, "SavedModel: also export translate_xla, serving_
                   "small requests (a compile per new batch size and source width bucket; "
                   "larger requests run serving_default's search; TF Serving needs "
                   "--xla_cpu_compilation_enabled).")
+flags.DEFINE_string("shortlist", "", "SRC,TGT: a parallel corpus (two line-aligned text "
+                    "files) to make a vocabulary shortlist from: every beam search then ranks "
+                    "only the --shortlist_frequent most frequent target pieces and the "
+                    "--shortlist_per_source pieces listed for each of its batch's source "
+                    "pieces (faster with large vocabularies). SavedModel: stored in it; "
+                    "CTranslate2: written as vmap.txt (translate with use_vmap=True).")
+flags.DEFINE_integer("shortlist_frequent", ShortlistChoice.shortlist_frequent,
+                     "The most frequent target pieces a shortlist always holds (K).")
+flags.DEFINE_integer("shortlist_per_source", ShortlistChoice.shortlist_per_source,
+                     "The target pieces a shortlist lists for each source piece, those that "
+                     "co-occur with it in most sentence pairs (M).")
 flags.DEFINE_string("quantization", "int8", "CTranslate2: the weights' type (int8, "
                     "int8_float32, int16, float32, bfloat16, int8_bfloat16).")
 

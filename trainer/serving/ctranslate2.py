@@ -24,6 +24,7 @@ them: see the README ("Serving with CTranslate2").
 
 import dataclasses
 import os
+import tempfile
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from trainer.data import tokenizer as tokenizer_lib, vocabulary
 from trainer.model_dir import files as model_files
 from trainer.model_dir.weights import WeightsChoice, final_model
 from trainer.serving.exporters import MissingExtra
+from trainer.serving.shortlist import ShortlistChoice, write_vmap
 
 DESCRIPTION = "CTranslate2 model"
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float32", "bfloat16", "int8_bfloat16")
@@ -48,10 +50,13 @@ class Options:
       quantization: the weights' type on disk, one of QUANTIZATIONS; CTranslate2 can
         convert again at load (`compute_type`). Beam size and length penalty are
         CTranslate2's per-request options.
+      shortlist: a vocabulary shortlist, written as the directory's vmap.txt
+        (trainer/serving/shortlist.py), which CTranslate2 uses with use_vmap=True.
     """
 
     weights: WeightsChoice = dataclasses.field(default_factory=WeightsChoice)
     quantization: str = "int8"
+    shortlist: ShortlistChoice = dataclasses.field(default_factory=ShortlistChoice)
 
     def __post_init__(self):
         if self.quantization not in QUANTIZATIONS:
@@ -74,8 +79,10 @@ def export(model_dir: str, export_dir: str, options: Options = Options()) -> str
     """
     _ctranslate2()
     model, _ = final_model(model_dir, options.weights)
-    return write(model, vocabulary.load_or_train(model_dir, None), export_dir,
-                 options.quantization)
+    tokenizers = vocabulary.load_or_train(model_dir, None)
+    shortlist = options.shortlist.build(tokenizers, model.config.input_vocab_size,
+                                        model.config.vocab_size)
+    return write(model, tokenizers, export_dir, options.quantization, shortlist)
 
 
 def _ctranslate2():
@@ -186,13 +193,14 @@ def transformer_spec(model: Transformer, tokenizers: tokenizer_lib.Tokenizers):
 
 
 def write(model: Transformer, tokenizers: tokenizer_lib.Tokenizers, output_dir: str,
-          quantization: str = "int8") -> str:
+          quantization: str = "int8", shortlist=None) -> str:
     """Writes `model` as a CTranslate2 model directory (replacing one there) with the
     SentencePiece model(s) beside it; returns output_dir.
 
     Args:
       quantization: the weights' type on disk, one of QUANTIZATIONS; CTranslate2 can
         convert again at load (`compute_type`).
+      shortlist: None, or a keras_transformer.shortlist.Shortlist, written as vmap.txt.
     Raises:
       MissingExtra: ctranslate2 is not installed.
       ValueError: an unknown quantization, or a model CTranslate2 cannot express.
@@ -211,8 +219,13 @@ def write(model: Transformer, tokenizers: tokenizer_lib.Tokenizers, output_dir: 
              {vocabulary.SOURCE_MODEL: tokenizers.source,
               vocabulary.TARGET_MODEL: tokenizers.target})
     with model_files.staged_directory(os.path.dirname(os.path.abspath(output_dir))) as staging:
-        KerasTransformerConverter().convert(staging.path, quantization=quantization,
-                                            force=True)
+        with tempfile.TemporaryDirectory() as scratch:
+            vmap = None
+            if shortlist is not None:  # the converter copies it in as vmap.txt
+                vmap = os.path.join(scratch, "vmap.txt")
+                write_vmap(shortlist, tokenizers, vmap)
+            KerasTransformerConverter().convert(staging.path, vmap=vmap,
+                                                quantization=quantization, force=True)
         for name, tokenizer in files.items():
             with open(os.path.join(staging.path, name), "wb") as f:
                 f.write(tokenizer.model_proto)

@@ -11,7 +11,8 @@ from keras_transformer import beam_search, sample_search
 
 class OptionSignatures:
     """The option signatures of `trainer.serving.translator.Translator`, which provides
-    what they use: model, decode, use_cache, source_ids, prefix_ids and _hypotheses."""
+    what they use: model, decode, use_cache, step_weights, shortlist, source_ids,
+    prefix_ids and _hypotheses."""
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
                                   tf.TensorSpec([None], tf.string),
@@ -53,7 +54,7 @@ class OptionSignatures:
                              extra_length=max_extra_length, use_cache=self.use_cache,
                              num_hypotheses=num_hypotheses,
                              target_prefix=self.prefix_ids(target_prefix),
-                             step_weights=self.step_weights)
+                             step_weights=self.step_weights, shortlist=self.shortlist)
         return self._hypotheses(source_ids, result, num_hypotheses)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string),

@@ -56,6 +56,7 @@ from trainer.data import vocabulary
 from trainer.model_dir import files
 from trainer.model_dir.weights import WeightsChoice, final_model
 from trainer.serving import warmup, xla
+from trainer.serving.shortlist import ShortlistChoice
 from trainer.serving.translator import Translator
 
 DESCRIPTION = "SavedModel"
@@ -82,13 +83,15 @@ class Options:
         and int8 inputs (a scale per row), oneDNN's int8 kernel; the rest float32
         (keras_transformer.quantization).
       xla: also export translate_xla (trainer/serving/xla.py); not with int8, whose
-        kernel XLA cannot compile.
+        kernel XLA cannot compile, nor with a shortlist.
+      shortlist: a vocabulary shortlist for every beam search (trainer/serving/shortlist.py).
     """
 
     weights: WeightsChoice = dataclasses.field(default_factory=WeightsChoice)
     decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
     serving_dtype: str = "float32"
     xla: bool = False
+    shortlist: ShortlistChoice = dataclasses.field(default_factory=ShortlistChoice)
 
     def __post_init__(self):
         if self.serving_dtype not in SERVING_DTYPES:
@@ -97,6 +100,9 @@ class Options:
         if self.xla and self.serving_dtype == "int8":
             raise ValueError("--xla cannot compile the int8 step (XLA has no int8 matmul "
                              "kernel of oneDNN's); export int8 without --xla")
+        if self.xla and self.shortlist.paths:
+            raise ValueError("--xla compiles fixed shapes, and a shortlist's candidates "
+                             "change from batch to batch; export it without --xla")
 
 
 def default_dir(name: str, options: Options) -> str:
@@ -165,7 +171,14 @@ def build_translator(model_dir: str, options: Options = Options()
             lambda t: tf.Variable(t, trainable=False) if tf.is_tensor(t) else t,
             quantize_step_weights(model.step_weights(model.config.max_length)))
     tokenizers = vocabulary.load_or_train(model_dir, None)
-    return Translator(model, tokenizers, options.decode, step_weights=step_weights), paths
+    shortlist = options.shortlist.build(tokenizers, model.config.input_vocab_size,
+                                        model.config.vocab_size)
+    if shortlist is not None:  # saved as variables beside the model's
+        shortlist = shortlist._replace(frequent=tf.Variable(shortlist.frequent, trainable=False),
+                                       by_source=tf.Variable(shortlist.by_source,
+                                                             trainable=False))
+    return Translator(model, tokenizers, options.decode, step_weights=step_weights,
+                      shortlist=shortlist), paths
 
 
 def _servable(translator: Translator) -> tf.Module:
@@ -182,6 +195,8 @@ def _servable(translator: Translator) -> tf.Module:
     if translator.step_weights is not None:  # int8: the decoding step's own weights
         servable.step_weights = [t for t in tf.nest.flatten(translator.step_weights)
                                  if isinstance(t, tf.Variable)]
+    if translator.shortlist is not None:
+        servable.shortlist = [translator.shortlist.frequent, translator.shortlist.by_source]
     servable.tokenizers = [translator.source_tokenizer, translator.target_tokenizer]
     servable.vocabularies = [tf.saved_model.Asset(tokenizer.path)
                              for tokenizer in servable.tokenizers]
@@ -199,6 +214,7 @@ def export(model_dir: str, export_dir: str, options: Options = Options()) -> str
     info = {"model_dir": os.path.abspath(model_dir), "checkpoints": checkpoints,
             "weights": options.weights.kind, **options.decode.to_dict(),
             "serving_dtype": options.serving_dtype,
+            "shortlist": options.shortlist.describe() if options.shortlist.paths else None,
             "model": translator.model.config.to_dict(), "signatures": list(signatures)}
     with files.staged_directory(export_dir) as staging:
         tf.saved_model.save(_servable(translator), staging.path, signatures=signatures)

@@ -50,14 +50,17 @@ class Translator(OptionSignatures, tf.Module):
       step_weights: what every search's steps read, made once (int8:
         keras_transformer.quantization.quantize_step_weights, as tf.Variables the export
         saves); None reads the model's at each search.
+      shortlist: None, or a keras_transformer.shortlist.Shortlist every beam search ranks
+        its batch's candidates of (sampling and `score` use the whole vocabulary).
     """
 
     def __init__(self, model: Transformer, tokenizers: Tokenizers,
                  decode: DecodeConfig = DecodeConfig(), use_cache: bool = True,
-                 step_weights=None):
+                 step_weights=None, shortlist=None):
         super().__init__(name="translator")
         self.model = model
         self.step_weights = step_weights
+        self.shortlist = shortlist
         self.source_tokenizer = tokenizers.source
         self.target_tokenizer = tokenizers.target
         self.decode = decode
@@ -102,7 +105,7 @@ class Translator(OptionSignatures, tf.Module):
         return beam_search(self.model, source_ids, beam_size=self.decode.beam_size,
                            alpha=self.decode.alpha, extra_length=self.decode.max_extra_length,
                            use_cache=self.use_cache, num_hypotheses=num_hypotheses,
-                           step_weights=self.step_weights)
+                           step_weights=self.step_weights, shortlist=self.shortlist)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def translate(self, inputs):
