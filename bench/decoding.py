@@ -93,8 +93,8 @@ from typing import List, NamedTuple
 
 import common
 from peers import decoding_runners
-from peers.decoding_workers import (LATENCY_THREADS, PREVIOUS, XLA, ctranslate2_sentencepiece,
-                                    percentiles, taking_turns)
+from peers.decoding_workers import (LATENCY_THREADS, PREVIOUS, SHORTLIST, VMAP, XLA,
+                                    ctranslate2_sentencepiece, percentiles, taking_turns)
 from peers.decoding_workers import worker as run_worker
 
 PEER_SENTENCES = 256  # --peers' default --sentences: keras-hub's tf.function row is slow
@@ -124,15 +124,18 @@ def worker_command(args, engine: str, precision: str, threads: int, search: dict
 
 def ctranslate2_systems(args):
     """[(system, engine, precision, environment, row label)], in the order they run."""
-    exports = ["float32"] + (["bfloat16"] if args.saved_model_bfloat16 else [])
+    exports = ["float32"] + (["bfloat16"] if args.saved_model_bfloat16 else []) + (
+        ["int8"] if args.saved_model_int8 else []) + (
+        [SHORTLIST] if args.saved_model_shortlist else [])
     ours = exports + ([PREVIOUS] if args.previous_saved_model else []) + (
-        [XLA[p] for p in exports] if args.xla else [])
+        [XLA[p] for p in ("float32", "bfloat16") if p in exports] if args.xla else [])
     systems = [("this project, SavedModel", "saved_model", p, {}, p) for p in ours]
     if args.env:  # serving_default's rows again, in that environment
         systems += [("this project, SavedModel", "saved_model", p, dict(args.env),
                      serving_label(args, p)) for p in exports]
-    return systems + [("CTranslate2", "ctranslate2", c, {}, c)
-                      for c in ("float32", "int8", "bfloat16")]
+    ct2 = ["float32", "int8", "bfloat16"] + ([c + VMAP for c in ("float32", "int8")]
+                                            if args.vmap else [])
+    return systems + [("CTranslate2", "ctranslate2", c, {}, c) for c in ct2]
 
 
 def serving_label(args, precision: str) -> str:
@@ -287,6 +290,13 @@ def parse_args(argv):
                      "--format=ctranslate2 --quantization=float32: asks for this table")
     ct2.add_argument("--saved_model_bfloat16", help="the same checkpoints exported with "
                      "--serving_dtype=bfloat16")
+    ct2.add_argument("--saved_model_int8", help="the same checkpoints exported with "
+                     "--serving_dtype=int8")
+    ct2.add_argument("--saved_model_shortlist", help="the same checkpoints exported with "
+                     "--shortlist (any --serving_dtype): its row is labelled shortlist")
+    ct2.add_argument("--vmap", action="store_true", help="also run CTranslate2 float32 and "
+                     "int8 with use_vmap=True (--ctranslate2 exported with --shortlist, "
+                     "which writes its vmap.txt)")
     ct2.add_argument("--previous_saved_model", help="a float32 export of the same "
                      "checkpoints by earlier code: a before/after row")
     ct2.add_argument("--xla", action="store_true", help="also time the exports' translate_xla "
@@ -379,6 +389,10 @@ def print_header(args, export, texts, loads):
         ("export", export.describe()),
         ("previous", args.previous_saved_model),
         ("bfloat16", args.saved_model_bfloat16),
+        ("int8", args.saved_model_int8),
+        ("shortlist", args.saved_model_shortlist and " ".join(
+            f"{k}={v}" for k, v in common.Export(args.saved_model_shortlist).info.get(
+                "shortlist", {}).items())),
         ("ctranslate2", args.ctranslate2),
         ("data", f"{args.src} ({len(texts)} sentences), batches of {args.batch_size}"),
         ("command", common.command()),

@@ -22,6 +22,8 @@ import common
 
 LATENCY_THREADS = (2, 1)  # on one sentence a second thread can cost more than it brings
 PREVIOUS = "float32, previous code"  # the --previous_saved_model row
+SHORTLIST = "shortlist"  # the --saved_model_shortlist row
+VMAP = ", use_vmap"  # CTranslate2's rows with its vocabulary map (--vmap)
 # The --xla rows: each export's XLA signature.
 XLA = {"float32": "float32, translate_xla", "bfloat16": "bfloat16, translate_xla"}
 
@@ -40,13 +42,15 @@ def saved_model_translator(path: str, threads: int, signature: str = "serving_de
 
 
 def ctranslate2_translator(path: str, compute_type: str, threads: int, search: dict,
-                           batch_size: int) -> Callable[[List[str]], List[str]]:
+                           batch_size: int, use_vmap: bool = False
+                           ) -> Callable[[List[str]], List[str]]:
     """CTranslate2 with sentencepiece around it, in its own best setup for `threads` cores
     (bench/README.md, "Giving CTranslate2 its full speed"): one translation per core
     (inter_threads, one intra-op thread each) and its own batching, a call on many texts
     sorted by length and cut into batches of `batch_size` that run side by side. One
     sentence runs on one thread, CTranslate2's fastest for a single request. `search`: the
-    SavedModel's beam size and alpha and the longest output its model allows."""
+    SavedModel's beam size and alpha and the longest output its model allows; use_vmap:
+    rank only the vocabulary map's candidates (the directory's vmap.txt)."""
     import ctranslate2
     source, target = ctranslate2_sentencepiece(path)
     translator = ctranslate2.Translator(path, device="cpu", compute_type=compute_type,
@@ -57,7 +61,8 @@ def ctranslate2_translator(path: str, compute_type: str, threads: int, search: d
             source.encode(texts, out_type=str), max_batch_size=batch_size,
             batch_type="examples", beam_size=search["beam_size"],
             length_penalty=search["alpha"], max_decoding_length=search["max_length"],
-            min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]])
+            min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]],
+            use_vmap=use_vmap)
         return target.decode([r.hypotheses[0] for r in results])
     return translate
 
@@ -102,12 +107,14 @@ def worker_translator(args, engine: str, precision: str, threads: int, texts: Li
     this CPU lacks, reported as skipped); args: bench/decoding.py's."""
     if engine == "ctranslate2":
         try:
-            return ctranslate2_translator(args.ctranslate2, precision, threads,
-                                          json.loads(args.ctranslate2_search), args.batch_size)
+            return ctranslate2_translator(args.ctranslate2, precision.replace(VMAP, ""),
+                                          threads, json.loads(args.ctranslate2_search),
+                                          args.batch_size, use_vmap=precision.endswith(VMAP))
         except ValueError as e:
             print(json.dumps({"skipped": str(e)}))
             return None
     paths = {"float32": args.saved_model, "bfloat16": args.saved_model_bfloat16,
+             "int8": args.saved_model_int8, SHORTLIST: args.saved_model_shortlist,
              PREVIOUS: args.previous_saved_model, XLA["float32"]: args.saved_model,
              XLA["bfloat16"]: args.saved_model_bfloat16}
     xla = precision in XLA.values()

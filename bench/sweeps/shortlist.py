@@ -1,0 +1,156 @@
+"""Sweep: which vocabulary shortlist (trainer.export --shortlist) keeps the translations?
+
+The shortlist is made from --train_src/--train_tgt (Multi30k's train) with the model
+directory's tokenizers, for each K (--frequent: the most frequent target pieces) and M
+(--per_source: target pieces listed per source piece). On --src/--ref (val by default,
+where K and M are chosen; test2016 to report), for each (K, M):
+
+  coverage      the share of the references' target pieces (EOS included) that are
+                candidates: of their own sentence's list (a request of one), and of their
+                batch's (--batch_size sentences sorted by length, as trainer.translate
+                sends a file)
+  candidates    the mean number of candidates per batch, and per sentence
+  sacreBLEU     of the beam search over the candidates, in-process on the export's
+                weights and search, and its change from the full vocabulary's
+  identical     the outputs equal to the full vocabulary's
+
+Speed is bench/decoding.py's (--saved_model_shortlist, --vmap). Not a test: run it by hand
+from the repository root,
+
+  python bench/sweeps/shortlist.py --saved_model=saved_models/small_multi30k_float32
+"""
+
+import argparse
+import gzip
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for common
+import common  # noqa: E402
+
+
+def read_gzip_or_text(path):
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def tokenized(tokenizer, texts):
+    import tensorflow as tf
+    return [ids for start in range(0, len(texts), 5000)
+            for ids in tokenizer.tokenize(tf.constant(texts[start:start + 5000])).to_list()]
+
+
+def coverage(shortlist, sources, references, batches):
+    """(per-sentence coverage, per-batch coverage, mean candidates per sentence, per
+    batch): sources and references are id lists (references with EOS), batches lists of
+    sentence indices."""
+    from keras_transformer.shortlist import SPECIAL_IDS
+    always = set(range(SPECIAL_IDS)) | set(shortlist.frequent.tolist())
+
+    def candidates(indices):
+        listed = shortlist.by_source[[s for i in indices for s in sources[i]]].ravel()
+        return always | set(listed.tolist())
+
+    def covered(sentence_sets):
+        hits = total = 0
+        for indices, allowed in sentence_sets:
+            for i in indices:
+                hits += sum(t in allowed for t in references[i])
+                total += len(references[i])
+        return hits / total
+
+    singles = [([i], candidates([i])) for i in range(len(sources))]
+    grouped = [(b, candidates(b)) for b in batches]
+    return (covered(singles), covered(grouped), np.mean([len(c) for _, c in singles]),
+            np.mean([len(c) for _, c in grouped]))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--saved_model", required=True, help="a float32 export: its model "
+                        "directory, weights and search are used in-process")
+    parser.add_argument("--train_src", default=str(common.MULTI30K / "train.en.gz"))
+    parser.add_argument("--train_tgt", default=str(common.MULTI30K / "train.de.gz"))
+    parser.add_argument("--src", default=str(common.MULTI30K / "val.en"))
+    parser.add_argument("--ref", default=str(common.MULTI30K / "val.de"))
+    parser.add_argument("--frequent", default="0,50,100,200,500")
+    parser.add_argument("--per_source", default="5,10,20,50")
+    parser.add_argument("--batch_size", type=int, default=64)
+    args = parser.parse_args()
+    common.require(["sacrebleu"], "this sweep")
+
+    import sacrebleu
+    import tensorflow as tf
+    from keras_transformer import EOS_ID, beam_search
+    from keras_transformer.shortlist import Shortlist
+    from trainer.serving import saved_model
+
+    export = common.Export(args.saved_model)
+    translator, _ = saved_model.build_translator(export.info["model_dir"], export.options)
+    config, decode = translator.model.config, export.decode
+    tokenizers = (translator.source_tokenizer, translator.target_tokenizer)
+    train = [tokenized(t, read_gzip_or_text(p))
+             for t, p in zip(tokenizers, (args.train_src, args.train_tgt))]
+    texts, references = common.read_lines(args.src), common.read_lines(args.ref)
+    sources = tokenized(tokenizers[0], texts)
+    reference_ids = [ids + [EOS_ID] for ids in tokenized(tokenizers[1], references)]
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i].split()))
+    batches = [order[i:i + args.batch_size] for i in range(0, len(order), args.batch_size)]
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
+                                  tf.TensorSpec([None], tf.int32),
+                                  tf.TensorSpec([None, None], tf.int32)])
+    def translate(inputs, frequent, by_source):
+        source_ids = translator.source_ids(inputs)
+        shortlist = Shortlist(frequent, by_source, config.vocab_size)
+        result = beam_search(translator.model, source_ids, beam_size=decode.beam_size,
+                             alpha=decode.alpha, extra_length=decode.max_extra_length,
+                             num_hypotheses=1,
+                             shortlist=None if by_source.shape[0] == 0 else shortlist)
+        return translator.best(source_ids, result)["translations"]
+
+    def translate_all(frequent, by_source):
+        outputs = [None] * len(texts)
+        for batch in batches:
+            for i, t in zip(batch, translate(tf.constant([texts[i] for i in batch]),
+                                             frequent, by_source).numpy()):
+                outputs[i] = t.decode("utf-8")
+        return outputs
+
+    everything = (np.arange(config.vocab_size, dtype=np.int32),
+                  np.full([config.input_vocab_size, 1], EOS_ID, np.int32))
+    full = translate_all(*everything)
+    full_bleu = sacrebleu.corpus_bleu(full, [references]).score
+    rows = [["full vocabulary", "", "100.0%", "100.0%", f"{config.vocab_size}",
+             f"{config.vocab_size}", f"{full_bleu:.2f}", "", f"{len(full)}"]]
+    for k in map(int, args.frequent.split(",")):
+        for m in map(int, args.per_source.split(",")):
+            shortlist = Shortlist.from_corpus(*train, config.input_vocab_size,
+                                              config.vocab_size, k, m)
+            single, batched, per_sentence, per_batch = coverage(
+                shortlist, sources, reference_ids, batches)
+            outputs = translate_all(shortlist.frequent, shortlist.by_source)
+            bleu = sacrebleu.corpus_bleu(outputs, [references]).score
+            rows.append([k, m, f"{100 * single:.1f}%", f"{100 * batched:.1f}%",
+                         f"{per_sentence:.0f}", f"{per_batch:.0f}", f"{bleu:.2f}",
+                         f"{bleu - full_bleu:+.2f}",
+                         f"{sum(a == b for a, b in zip(outputs, full))}"])
+            print(rows[-1], file=sys.stderr)
+    common.print_header([("machine", common.describe()), ("export", export.describe()),
+                         ("train", f"{args.train_src}, {args.train_tgt} "
+                                   f"({len(train[0])} pairs)"),
+                         ("data", f"{args.src} ({len(texts)} sentences), batches of "
+                                  f"{args.batch_size} sorted by length"),
+                         ("command", common.command())])
+    common.print_table(["K (frequent)", "M (per source)", "coverage, sentence",
+                        f"coverage, batch of {args.batch_size}", "candidates / sentence",
+                        "candidates / batch", "sacreBLEU", "change",
+                        f"identical of {len(texts)}"], rows, text_columns=1,
+                       title="A shortlist's coverage of the references and its translations:")
+
+
+if __name__ == "__main__":
+    main()
