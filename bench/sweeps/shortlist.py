@@ -21,7 +21,6 @@ from the repository root,
 """
 
 import argparse
-import gzip
 import sys
 from pathlib import Path
 
@@ -29,18 +28,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for common
 import common  # noqa: E402
-
-
-def read_gzip_or_text(path):
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return f.read().splitlines()
-
-
-def tokenized(tokenizer, texts):
-    import tensorflow as tf
-    return [ids for start in range(0, len(texts), 5000)
-            for ids in tokenizer.tokenize(tf.constant(texts[start:start + 5000])).to_list()]
 
 
 def coverage(shortlist, sources, references, batches):
@@ -86,17 +73,18 @@ def main():
     import tensorflow as tf
     from keras_transformer import EOS_ID, beam_search
     from keras_transformer.shortlist import Shortlist
+    from trainer.data.tokenizer import Tokenizers
     from trainer.serving import saved_model
+    from trainer.serving.shortlist import read_pairs
 
     export = common.Export(args.saved_model)
     translator, _ = saved_model.build_translator(export.info["model_dir"], export.options)
     config, decode = translator.model.config, export.decode
-    tokenizers = (translator.source_tokenizer, translator.target_tokenizer)
-    train = [tokenized(t, read_gzip_or_text(p))
-             for t, p in zip(tokenizers, (args.train_src, args.train_tgt))]
+    tokenizers = Tokenizers(translator.source_tokenizer, translator.target_tokenizer)
+    train = read_pairs(args.train_src, args.train_tgt, tokenizers)
     texts, references = common.read_lines(args.src), common.read_lines(args.ref)
-    sources = tokenized(tokenizers[0], texts)
-    reference_ids = [ids + [EOS_ID] for ids in tokenized(tokenizers[1], references)]
+    sources, reference_ids = read_pairs(args.src, args.ref, tokenizers)
+    reference_ids = [ids + [EOS_ID] for ids in reference_ids]
     order = sorted(range(len(texts)), key=lambda i: len(texts[i].split()))
     batches = [order[i:i + args.batch_size] for i in range(0, len(order), args.batch_size)]
 
