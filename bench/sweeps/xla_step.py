@@ -1,0 +1,124 @@
+"""Sweep: does XLA on the step body alone pay, with the growing cache of the exported search?
+
+translate_xla (trainer/serving/xla.py) compiles a whole search on fixed shapes, and loses on
+batches of more than 4 sentences (bench/sweeps/xla_batch_sizes.py). This compiles only the
+step: the export's own search (keras_transformer.beam.search_beams: a growing cache,
+finished sentences leave the batch) over a step whose body (the decoder's step and the
+log-softmax) `tf.function(jit_compile=True)` compiles for each shape it meets: rows (beams
+of the sentences still searching), cache length and source width. Each export given
+(--saved_model, repeatable: its weights, serving dtype and search) runs both steps on the
+first --sentences test2016 sentences sorted by length, in batches of --batch_size:
+
+  cold      seconds of the first pass: the trace, and for XLA a compile per new shape;
+  warm      sentences/s, the best of --repeats passes once every shape is compiled (a
+            bound: a server meets new shapes for as long as it runs);
+  identical the compiled step's translations equal to the graph step's.
+
+Not a test: run it by hand from the repository root,
+
+  python bench/sweeps/xla_step.py --saved_model=saved_models/small_multi30k_float32 \\
+      --saved_model=saved_models/small_multi30k_bfloat16
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import tensorflow as tf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for common
+import common  # noqa: E402
+
+
+class CompiledStep:
+    """A search's step (keras_transformer.search) whose call XLA compiles, once per shape;
+    reorder and keep are the wrapped step's."""
+
+    def __init__(self, step):
+        self.reorder, self.keep = step.reorder, step.keep
+        self._call = tf.function(step.__call__, jit_compile=True)
+
+    def __call__(self, seqs, i, state):
+        return self._call(seqs, i, state)
+
+
+def translate_function(translator, compiled: bool):
+    """tf.string [batch] -> translations, with the export's search over the graph step or
+    the compiled one."""
+    from keras_transformer.beam import search_beams
+    from keras_transformer.search import output_limits
+    from keras_transformer.step import TransformerStep
+    model, decode = translator.model, translator.decode
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def translate(inputs):
+        source_ids = translator.source_ids(inputs)
+        width, max_lengths = output_limits(source_ids, decode.max_extra_length,
+                                           model.config.max_length)
+        step, state = TransformerStep.start(model, source_ids, width,
+                                            beam_size=decode.beam_size,
+                                            weights=translator.step_weights)
+        result = search_beams(CompiledStep(step) if compiled else step, state, max_lengths,
+                              width, decode.beam_size, decode.alpha, num_hypotheses=1)
+        return translator.best(source_ids, result)["translations"]
+    return translate
+
+
+def measure(path, batches, repeats):
+    """[(step, cold seconds, warm sentences/s, translations)] of one export."""
+    from trainer.serving import saved_model
+    export = common.Export(path)
+    translator, _ = saved_model.build_translator(export.info["model_dir"], export.options)
+    sentences = sum(map(len, batches))
+    rows = []
+    for name, compiled in (("graph", False), ("XLA", True)):
+        translate = translate_function(translator, compiled)
+
+        def run_all():
+            return [t.decode("utf-8") for batch in batches
+                    for t in translate(tf.constant(batch)).numpy()]
+        start = time.perf_counter()
+        outputs = run_all()
+        cold = time.perf_counter() - start
+        warm = sentences / common.best_seconds(run_all, repeats)
+        rows.append((name, cold, warm, outputs))
+        print(f"{path} {name}: cold {cold:.1f} s, warm {warm:.1f} sentences/s",
+              file=sys.stderr, flush=True)
+    return export, rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--saved_model", action="append", required=True)
+    parser.add_argument("--src", default=str(common.MULTI30K / "test2016.en"))
+    parser.add_argument("--sentences", type=int, default=256)
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    texts = common.read_lines(args.src)
+    texts = sorted(texts, key=lambda t: len(t.split()))[:args.sentences]
+    batches = [texts[i:i + args.batch_size] for i in range(0, len(texts), args.batch_size)]
+    table = []
+    descriptions = []
+    for path in args.saved_model:
+        export, rows = measure(path, batches, args.repeats)
+        descriptions.append(("export", export.describe()))
+        graph = rows[0]
+        for name, cold, warm, outputs in rows:
+            table.append([path, name, f"{cold:.1f}", f"{warm:.1f}", f"{warm / graph[2]:.2f}x",
+                          f"{sum(a == b for a, b in zip(outputs, graph[3]))}"])
+    common.print_header([
+        ("machine", f"{common.describe()}, load average {common.load_average()} at the end"),
+        ("versions", common.versions()), *descriptions,
+        ("data", f"the {len(texts)} shortest sentences of {args.src}, batches of "
+                 f"{args.batch_size}"),
+        ("command", common.command())])
+    common.print_table(["export", "step body", "cold pass, s", "warm, sentences/s",
+                        "x graph", f"identical of {len(texts)}"], table, text_columns=2,
+                       title="The export's search over a graph step and an XLA-compiled one:")
+
+
+if __name__ == "__main__":
+    common.timed_main(main)
