@@ -23,11 +23,11 @@ from typing import Any, NamedTuple, Optional
 import tensorflow as tf
 
 from keras_transformer.attention import ELEMENTWISE_MAX_ROWS
-from keras_transformer.config import DecodeConfig
+from keras_transformer.config import LENGTH_PENALTIES, DecodeConfig
 from keras_transformer.ranking import top_k
 from keras_transformer.search import (DecodeResult, TargetPrefix, first_tokens,
-                                      growing_shapes, length_penalty, output_limits,
-                                      write_tokens)
+                                      growing_shapes, output_limits, write_tokens)
+from keras_transformer.search import length_penalty as lp
 from keras_transformer.shortlist import from_candidates, to_candidates
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 from keras_transformer.step import TransformerStep
@@ -36,17 +36,21 @@ from keras_transformer.step import TransformerStep
 def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=DecodeConfig.alpha,
                 extra_length=DecodeConfig.max_extra_length, use_cache=True,
                 num_hypotheses=None, target_prefix=None, fixed_shapes=False, step_weights=None,
-                shortlist=None):
-    """Beam search with the length penalty of Wu et al. (2016), section 6.1.
+                shortlist=None, length_penalty=DecodeConfig.length_penalty):
+    """Beam search with a length penalty (section 6.1: Wu et al.'s, 2016).
 
     Each step extends every live beam by every token and keeps the 2 * beam_size
     best candidates: those ending in EOS enter the fixed-size set of finished
     hypotheses (ranked by log-prob / lp), the best beam_size others stay live (ranked
     by log-prob). A sentence is done when its first num_hypotheses finished are there
-    and no live beam can still enter them: a live beam's score can reach at most its
-    log-prob divided by the largest lp it can still have (lp(max length) for
-    alpha >= 0), since log-probs only decrease. So the early exit never changes the
-    first num_hypotheses of the returned n-best. A done sentence leaves the batch (its
+    and no live beam can still enter them. The bound, for either length penalty
+    (keras_transformer.search.length_penalty): a live beam of log-prob p <= 0 ends, if
+    ever, at some length L up to the sentence's maximum, with a log-prob p' <= p (each
+    token adds a log-prob <= 0; the EOS forced at the maximum adds 0), so it scores
+    p' / lp(L) <= p / lp(L) <= p / lp(max length), since both lp(L) = ((5 + L) / 6)^alpha
+    and lp(L) = L^alpha are positive and grow with L for alpha >= 0. Once the
+    num_hypotheses-th finished score is at least that, no live beam can enter the first
+    num_hypotheses: the early exit never changes them. A done sentence leaves the batch (its
     rows are no longer computed), and the loop stops when no sentence is left.
 
     With a target prefix, each sentence's search starts from the single hypothesis
@@ -58,6 +62,8 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
       source_ids: int [batch, src_len], 0-padded.
       beam_size: number of live beams and of returned hypotheses per sentence.
       alpha: length penalty exponent (section 6.1: 0.6; 0 ranks by log-prob).
+      length_penalty: the penalty's form, "gnmt" (the paper's, ((5 + |Y|) / 6)^alpha)
+        or "average" (|Y|^alpha: Hugging Face, Marian, CTranslate2).
       extra_length: a sentence's output has at most (its non-pad source tokens +
         extra_length) tokens, and at most config.max_length - 1.
       use_cache: True decodes one position per step with `model.decode_step`; False
@@ -113,7 +119,7 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
 
     def search(step):
         return search_beams(step, state, max_lengths, width, beam_size, alpha,
-                            num_hypotheses, target_prefix, fixed_shapes)
+                            num_hypotheses, target_prefix, fixed_shapes, length_penalty)
 
     if not use_cache or fixed_shapes:
         return search(step)
@@ -130,7 +136,7 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
 
 def search_beams(step, state, max_lengths, width, beam_size=DecodeConfig.beam_size,
                  alpha=DecodeConfig.alpha, num_hypotheses=None, target_prefix=None,
-                 fixed_shapes=False):
+                 fixed_shapes=False, length_penalty=DecodeConfig.length_penalty):
     """Beam search over any step (keras_transformer.search): `beam_search`'s search, the
     seam a faster step (int8, a vocabulary shortlist, fewer layers) plugs into.
 
@@ -139,7 +145,8 @@ def search_beams(step, state, max_lengths, width, beam_size=DecodeConfig.beam_si
         sentence's beams adjacent), and its first state.
       max_lengths: int32 [batch], each output's limit (EOS counted).
       width: the outputs' width, at least every max_lengths (a Python int for XLA).
-      beam_size, alpha, num_hypotheses, target_prefix, fixed_shapes: as `beam_search`.
+      beam_size, alpha, num_hypotheses, target_prefix, fixed_shapes, length_penalty: as
+        `beam_search`.
     Returns:
       DecodeResult with beam = beam_size, hypotheses sorted by score.
 
@@ -170,8 +177,11 @@ def search_beams(step, state, max_lengths, width, beam_size=DecodeConfig.beam_si
             1 <= num_hypotheses <= beam_size):
         raise ValueError(f"num_hypotheses must be in 1..beam_size={beam_size}, "
                          f"got {num_hypotheses}")
+    if length_penalty not in LENGTH_PENALTIES:
+        raise ValueError(f"unknown length_penalty {length_penalty!r}; choose one of "
+                         f"{', '.join(LENGTH_PENALTIES)}")
     search = _Search(step, TargetPrefix.of(target_prefix), width, beam_size, alpha,
-                     num_hypotheses)
+                     num_hypotheses, length_penalty)
     if fixed_shapes:
         results = _fixed_shape_beam_search(search, max_lengths, state)
     else:
@@ -185,8 +195,8 @@ class _Search(NamedTuple):
     """What every step of one search reads and no step changes.
 
     step: the step of keras_transformer.search over the batch; prefix: a TargetPrefix
-    or None; width: the output width; beam_size, alpha and num_hypotheses: as
-    `beam_search` takes them."""
+    or None; width: the output width; beam_size, alpha, num_hypotheses and
+    length_penalty: as `beam_search` takes them."""
 
     step: Any
     prefix: Optional[TargetPrefix]
@@ -194,6 +204,11 @@ class _Search(NamedTuple):
     beam_size: Any
     alpha: Any
     num_hypotheses: Any
+    length_penalty: str
+
+    def score(self, log_probs, length):
+        """log_probs / lp(length): a finished hypothesis' score (section 6.1)."""
+        return log_probs / lp(length, self.alpha, self.length_penalty)
 
 
 class _Beams(NamedTuple):
@@ -344,7 +359,7 @@ def _add_finished(finished, seqs, log_probs, length, search):
 
     seqs int32 [n, k, width + 1] and log_probs float32 [n, k] (-inf: not finished) are
     the new ones; a hypothesis scores log-prob / lp(length) (section 6.1)."""
-    scores = tf.concat([finished.scores, log_probs / length_penalty(length, search.alpha)], 1)
+    scores = tf.concat([finished.scores, search.score(log_probs, length)], 1)
     scores, keep = tf.math.top_k(scores, search.beam_size)  # [n, beam]
     return _Hypotheses(
         tf.gather(tf.concat([finished.seqs, seqs], 1), keep, batch_dims=1),
@@ -357,11 +372,9 @@ def _done(finished, beams, i, max_lengths, search):
 
     The live beams end at position i + 1, so they can still reach lengths i + 2 up to
     max_lengths int32 [n]."""
-    # Best score a live beam can reach: later lengths only lower the log-prob, and
-    # the penalty is monotonic in the length.
-    largest_penalty = tf.maximum(length_penalty(i + 2, search.alpha),
-                                 length_penalty(max_lengths, search.alpha))
-    best_live = beams.log_probs[:, 0] / largest_penalty  # [n]
+    # Best score a live beam can reach (the bound in beam_search's docstring): later
+    # lengths only lower the log-prob, and the penalty grows with the length.
+    best_live = search.score(beams.log_probs[:, 0], tf.maximum(i + 2, max_lengths))  # [n]
     return finished.scores[:, search.num_hypotheses - 1] >= best_live
 
 

@@ -16,6 +16,10 @@ ACTIVATIONS = ("relu", "swish", "gelu")
 # Where the sinusoids' sines and cosines of one frequency go: the paper's formula
 # interleaves them; Marian (and so OPUS-MT) puts all the sines, then all the cosines.
 SINUSOID_LAYOUTS = ("interleaved", "concatenated")
+# What a search divides a hypothesis' log-probability by (keras_transformer.search.
+# length_penalty): the paper's, of Wu et al. (2016), ((5 + length) / 6)^alpha, or
+# length^alpha, Hugging Face's, Marian's, CTranslate2's and fairseq's.
+LENGTH_PENALTIES = ("gnmt", "average")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +185,9 @@ class DecodeConfig:
 
     Attributes:
       beam_size: hypotheses kept per input (1: greedy search).
-      alpha: the length penalty's exponent, ((5 + length) / 6) ** alpha (0: none).
+      alpha: the length penalty's exponent (0: none).
+      length_penalty: its form, one of LENGTH_PENALTIES: "gnmt", the paper's,
+        ((5 + length) / 6) ** alpha; "average", length ** alpha (Hugging Face, Marian).
       max_extra_length: an output has at most the input's tokens + 1 + this many tokens,
         EOS included (and never more than the model's positions allow).
       max_beam_size: the largest beam (and number of samples) a client of an export may
@@ -190,6 +196,7 @@ class DecodeConfig:
 
     beam_size: int = 4
     alpha: float = 0.6
+    length_penalty: str = "gnmt"
     max_extra_length: int = 50
     max_beam_size: int = 8
 
@@ -200,6 +207,9 @@ class DecodeConfig:
         if self.alpha < 0 or self.max_extra_length < 0:
             raise ValueError(f"alpha and max_extra_length must not be negative, got "
                              f"{self.alpha} and {self.max_extra_length}")
+        if self.length_penalty not in LENGTH_PENALTIES:
+            raise ValueError(f"unknown length_penalty {self.length_penalty!r}; choose one of "
+                             f"{', '.join(LENGTH_PENALTIES)}")
 
     def to_dict(self) -> dict:
         """The fields as a JSON-ready dict; `from_dict` reads it back."""

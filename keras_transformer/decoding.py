@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from keras_transformer.config import DecodeConfig
 from keras_transformer.search import (DecodeResult, TargetPrefix, allowed, first_tokens,
-                                      growing_shapes, length_penalty, output_limits,
-                                      write_tokens)
+                                      growing_shapes, output_limits, write_tokens)
+from keras_transformer.search import length_penalty as lp
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 from keras_transformer.step import TransformerStep
 from keras_transformer.transformer import shift_right
@@ -46,7 +46,8 @@ def sequence_log_probs(model, source_ids, target_ids):
 
 def greedy_search(model, source_ids, alpha=DecodeConfig.alpha,
                   extra_length=DecodeConfig.max_extra_length, use_cache=True,
-                  target_prefix=None, step_weights=None):
+                  target_prefix=None, step_weights=None,
+                  length_penalty=DecodeConfig.length_penalty):
     """Greedy decoding: the most probable token at each step, until EOS.
 
     Args:
@@ -60,6 +61,7 @@ def greedy_search(model, source_ids, alpha=DecodeConfig.alpha,
       target_prefix: None, or int [batch, prefix_len], 0-padded: each output starts with
         its row's tokens (see `beam_search`).
       step_weights: what each step reads (see `beam_search`).
+      length_penalty: the form of the reported scores' penalty (see `beam_search`).
     Returns:
       DecodeResult with beam = 1.
 
@@ -76,11 +78,12 @@ def greedy_search(model, source_ids, alpha=DecodeConfig.alpha,
     3
     """
     return model_single_path_search(model, source_ids, most_probable, alpha, extra_length,
-                                    use_cache, target_prefix, step_weights)
+                                    use_cache, target_prefix, step_weights, length_penalty)
 
 
 def model_single_path_search(model, source_ids, choose, alpha, extra_length, use_cache,
-                             target_prefix, step_weights=None):
+                             target_prefix, step_weights=None,
+                             length_penalty=DecodeConfig.length_penalty):
     """`search_single_path` over a Transformer's step: what greedy search and sampling
     (keras_transformer.sampling) share. Arguments as `greedy_search`; choose as
     `search_single_path`'s."""
@@ -88,11 +91,13 @@ def model_single_path_search(model, source_ids, choose, alpha, extra_length, use
     width, max_lengths = output_limits(source_ids, extra_length, model.config.max_length)
     step, state = TransformerStep.start(model, source_ids, width, use_cache,
                                         weights=step_weights)
-    return search_single_path(step, state, max_lengths, width, choose, alpha, target_prefix)
+    return search_single_path(step, state, max_lengths, width, choose, alpha, target_prefix,
+                              length_penalty)
 
 
 def search_single_path(step, state, max_lengths, width, choose=None,
-                       alpha=DecodeConfig.alpha, target_prefix=None):
+                       alpha=DecodeConfig.alpha, target_prefix=None,
+                       length_penalty=DecodeConfig.length_penalty):
     """One output per row over any step (keras_transformer.search), until EOS.
 
     At each step choose(log-probs float32 [rows, vocab] with the tokens not allowed at
@@ -101,7 +106,8 @@ def search_single_path(step, state, max_lengths, width, choose=None,
     Args:
       step, state: a step of keras_transformer.search over the rows, and its first state.
       max_lengths: int32 [rows], each output's limit (EOS counted); width >= all of them.
-      alpha: length penalty of the reported scores (the search ignores it).
+      alpha, length_penalty: the length penalty of the reported scores (the search
+        ignores it; see `beam_search`).
       target_prefix: None, or int [rows, prefix_len], 0-padded (see `beam_search`).
     Returns:
       DecodeResult with beam = 1.
@@ -131,7 +137,7 @@ def search_single_path(step, state, max_lengths, width, choose=None,
     ids = seqs[:, None, 1:]  # [rows, 1, width]
     lengths = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1)  # [rows, 1]
     log_probs = log_probs[:, None]
-    return DecodeResult(ids, log_probs / length_penalty(lengths, alpha), log_probs, lengths)
+    return DecodeResult(ids, log_probs / lp(lengths, alpha, length_penalty), log_probs, lengths)
 
 
 def most_probable(log_probs, step):

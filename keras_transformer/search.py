@@ -24,9 +24,10 @@ The state is a nest of tensors whose every axis but the last may change from ste
 
 Section 6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6 ...
 maximum output length during inference to input length + 50, but terminate early when
-possible" (keras_transformer.config.DecodeConfig holds these values). The length penalty
-is that of Wu et al. (2016): lp(Y) = ((5 + |Y|) / 6)^alpha, and a hypothesis scores
-log P(Y | X) / lp(Y).
+possible" (keras_transformer.config.DecodeConfig holds these values). A hypothesis scores
+log P(Y | X) / lp(Y), with the paper's length penalty of Wu et al. (2016), lp(Y) =
+((5 + |Y|) / 6)^alpha, or the "average" one of Hugging Face and Marian, |Y|^alpha
+(`length_penalty`).
 
 Ids are the project's (keras_transformer.special_ids): pad 0, BOS 2 (position 0 of every
 target), EOS 3. Outputs never contain PAD or BOS before their EOS; every output ends with
@@ -37,6 +38,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from keras_transformer.config import LENGTH_PENALTIES
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -65,12 +67,18 @@ class DecodeResult(NamedTuple):
     lengths: tf.Tensor
 
 
-def length_penalty(length, alpha):
-    """Wu et al. (2016) length penalty lp(Y) = ((5 + |Y|) / 6)^alpha.
+def length_penalty(length, alpha, kind="gnmt"):
+    """lp(Y), what a hypothesis' log-probability is divided by to score it.
+
+    "gnmt": Wu et al. (2016), lp(Y) = ((5 + |Y|) / 6)^alpha, the paper's (section 6.1).
+    "average": lp(Y) = |Y|^alpha, Hugging Face's, Marian's, CTranslate2's and fairseq's
+    (alpha 1: the mean log-probability per token).
+    Both grow with |Y| for alpha >= 0, which the searches' early exit relies on.
 
     Args:
       length: int or float tensor of any shape, |Y| (EOS included).
       alpha: float, 0 turns the penalty off (lp = 1).
+      kind: one of LENGTH_PENALTIES.
     Returns:
       float32, the shape of `length`.
 
@@ -79,8 +87,16 @@ def length_penalty(length, alpha):
     >>> from keras_transformer import length_penalty
     >>> round(float(length_penalty(7, 0.6)), 4)  # ((5 + 7) / 6)^0.6 = 2^0.6
     1.5157
+    >>> round(float(length_penalty(4, 0.5, "average")), 4)  # 4^0.5
+    2.0
     """
-    return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
+    length = tf.cast(length, tf.float32)
+    if kind == "gnmt":
+        return tf.pow((5.0 + length) / 6.0, alpha)
+    if kind == "average":
+        return tf.pow(length, alpha)
+    raise ValueError(f"unknown length penalty {kind!r}; choose one of "
+                     f"{', '.join(LENGTH_PENALTIES)}")
 
 
 def output_limits(source_ids, extra_length, max_length):

@@ -258,12 +258,16 @@ def recomputed_log_probs(model, source_ids, result, extra_length=50):
     return log_probs.numpy().reshape(batch, beam)
 
 
-def exhaustive_beam_search(next_log_probs, source, beam_size, alpha, max_length, prefix=()):
+def exhaustive_beam_search(next_log_probs, source, beam_size, alpha, max_length, prefix=(),
+                           length_penalty="gnmt"):
     """A plain beam search of one sentence that never stops early: live beams are
     extended up to max_length (where only EOS is allowed), every finished hypothesis
-    is kept. next_log_probs: `next_log_probs_of(model)`. With a target prefix (cut to max_length - 1 tokens)
-    the search starts from BOS + prefix, scored by teacher forcing. Returns the best
-    beam_size (ids, score) pairs."""
+    is kept. next_log_probs: `next_log_probs_of(model)`. With a target prefix (cut to
+    max_length - 1 tokens) the search starts from BOS + prefix, scored by teacher
+    forcing. A hypothesis of n tokens scores log-prob / ((5 + n) / 6)^alpha ("gnmt") or
+    log-prob / n^alpha ("average"). Returns the best beam_size (ids, score) pairs."""
+    penalty = {"gnmt": lambda n: ((5 + n) / 6) ** alpha, "average": lambda n: n ** alpha}[
+        length_penalty]
     prefix = tuple(prefix[:max_length - 1])
     ids = (2,) + prefix
     log_softmax = next_log_probs(np.array([ids], "int32"), source[None]).numpy()[0]
@@ -279,7 +283,7 @@ def exhaustive_beam_search(next_log_probs, source, beam_size, alpha, max_length,
                                                            else 0.0))
                              for (ids, log_prob), row in zip(live, log_softmax)
                              for token in allowed), key=lambda c: -c[1])[:2 * beam_size]
-        finished += [(ids[1:], log_prob / ((5 + length) / 6) ** alpha)
+        finished += [(ids[1:], log_prob / penalty(length))
                      for ids, log_prob in candidates if ids[-1] == EOS_ID]
         live = [(ids, log_prob) for ids, log_prob in candidates if ids[-1] != EOS_ID]
         live = live[:beam_size]

@@ -132,16 +132,19 @@ def test_beam_search_is_never_worse_than_greedy(copy_model, beam_size, alpha):
 
 
 # alpha = 3 favours long outputs so strongly that a live beam's bound must use the
-# penalty of the longest output, not of the current length.
-@pytest.mark.parametrize("alpha", [0.6, 3.0])
-def test_early_exit_returns_the_n_best_of_a_search_that_never_stops_early(copy_model,
-                                                                          copy_sources, alpha):
-    result = decode(beam_search, copy_model, copy_sources, beam_size=4, alpha=alpha)
+# penalty of the longest output, not of the current length; "average" is Hugging Face's.
+@pytest.mark.parametrize("length_penalty,alpha", [("gnmt", 0.6), ("gnmt", 3.0),
+                                                  ("average", 1.0)])
+def test_early_exit_returns_the_n_best_of_a_search_that_never_stops_early(
+        copy_model, copy_sources, length_penalty, alpha):
+    result = decode(beam_search, copy_model, copy_sources, beam_size=4, alpha=alpha,
+                    length_penalty=length_penalty)
     next_log_probs = next_log_probs_of(copy_model)
     for source, ids, scores, lengths in zip(copy_sources, result.ids, result.scores,
                                             result.lengths):
         max_length = min(np.count_nonzero(source) + 50, CONFIG.max_length - 1)
-        expected = exhaustive_beam_search(next_log_probs, source, 4, alpha, max_length)
+        expected = exhaustive_beam_search(next_log_probs, source, 4, alpha, max_length,
+                                          length_penalty=length_penalty)
         assert [tuple(row[:n]) for row, n in zip(ids, lengths)] == [e[0] for e in expected]
         np.testing.assert_allclose(scores, [e[1] for e in expected], atol=1e-4)
 

@@ -72,16 +72,21 @@ def hypotheses(result, sentence=0):
             if n > 0]
 
 
+# Both length penalties; alpha 2 and 3 favour long outputs so strongly that a live beam's
+# bound must use the penalty of the longest output, not of the current length.
 @pytest.mark.parametrize("fixed_shapes", [False, True], ids=["growing", "fixed_shapes"])
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
-def test_the_n_best_is_the_plain_beam_searchs_on_random_tables(fixed_shapes, alpha):
+@pytest.mark.parametrize("length_penalty,alpha", [("gnmt", 0.0), ("gnmt", 0.6), ("gnmt", 2.0),
+                                                  ("average", 1.0), ("average", 3.0)])
+def test_the_n_best_is_the_plain_beam_searchs_on_random_tables(fixed_shapes, length_penalty,
+                                                                alpha):
     for seed in range(4):
         step = TableStep(random_table(seed))
         max_lengths = [WIDTH, 4, 2]
-        result = beams(step, max_lengths, beam_size=3, alpha=alpha, fixed_shapes=fixed_shapes)
+        result = beams(step, max_lengths, beam_size=3, alpha=alpha, fixed_shapes=fixed_shapes,
+                       length_penalty=length_penalty)
         for sentence, max_length in enumerate(max_lengths):
             expected = exhaustive_beam_search(step.next_log_probs, np.zeros(1), 3, alpha,
-                                              max_length)
+                                              max_length, length_penalty=length_penalty)
             found = hypotheses(result, sentence)
             assert [ids for ids, _ in found] == [ids for ids, _ in expected], (seed, sentence)
             np.testing.assert_allclose([s for _, s in found], [s for _, s in expected],
@@ -139,17 +144,23 @@ def test_the_length_penalty_decides_between_a_short_and_a_long_output():
     assert at[-8.0] == [(EOS_ID,), (4, EOS_ID)]
 
 
-def test_the_early_exit_waits_for_a_live_beam_the_length_penalty_can_still_lift():
-    # EOS at once (0.3) scores log 0.3 / lp(1) = -1.20 at alpha 2. The live beam "4"
-    # (log-prob -2) scores at most -2 / lp(2) = -1.47 if it ended next, which a bound
-    # taken at the next length would call beaten; but it goes on almost surely to the
-    # limit, where -2 / lp(6) = -0.60 beats the short output.
+@pytest.mark.parametrize("length_penalty,alpha,lp", [
+    ("gnmt", 2.0, lambda n: ((5 + n) / 6) ** 2.0), ("average", 0.5, lambda n: n ** 0.5)],
+    ids=["gnmt", "average"])
+def test_the_early_exit_waits_for_a_live_beam_the_length_penalty_can_still_lift(
+        length_penalty, alpha, lp):
+    # EOS at once (0.3) scores log 0.3 / lp(1) = -1.20. The live beam "4" (log-prob -2)
+    # scores at most -2 / lp(2) (-1.47 for gnmt, -1.41 for average) if it ended next,
+    # which a bound taken at the next length would call beaten; but it goes on almost
+    # surely to the limit, where -2 / lp(6) (-0.60, -0.82) beats the short output.
+    assert -2 / lp(2) < np.log(0.3) / lp(1) < -2 / lp(WIDTH)
     step = TableStep(table_favouring({(0, BOS_ID): {EOS_ID: 0.3, 4: np.exp(-2.0)},
                                       **{(i, 4): {4: 0.999} for i in range(1, WIDTH + 1)}}))
-    found = hypotheses(beams(step, [WIDTH], beam_size=2, alpha=2.0, num_hypotheses=1))
+    found = hypotheses(beams(step, [WIDTH], beam_size=2, alpha=alpha, num_hypotheses=1,
+                             length_penalty=length_penalty))
     assert found[0][0] == (4,) * (WIDTH - 1) + (EOS_ID,)
-    assert found[0][1] == pytest.approx((-2.0 + (WIDTH - 2) * np.log(0.999)) /
-                                        ((5 + WIDTH) / 6) ** 2, rel=1e-5)
+    assert found[0][1] == pytest.approx((-2.0 + (WIDTH - 2) * np.log(0.999)) / lp(WIDTH),
+                                        rel=1e-5)
 
 
 def test_a_target_prefix_is_forced_scored_and_then_searched_on():
