@@ -140,6 +140,30 @@ def test_the_ctranslate2_export_gives_the_references_translations(converted, tmp
             assert texts == by_converter, name
 
 
+@pytest.mark.parametrize("where", ["generation_config.json", "config.json"])
+def test_the_checkpoints_generation_settings_become_the_model_directorys(tmp_path, where):
+    """What generate() uses by default, from generation_config.json or (older checkpoints)
+    config.json, becomes config.json's "decode": beam search at num_beams, ranked by the
+    "average" length penalty at length_penalty, up to max_length positions."""
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(FIXTURES / NAMES[0], checkpoint)
+    if where == "config.json":
+        (checkpoint / "generation_config.json").unlink()
+    settings = json.loads((checkpoint / where).read_text())
+    settings.update(num_beams=5, length_penalty=0.8, max_length=40)
+    (checkpoint / where).write_text(json.dumps(settings))
+    marian.convert(str(checkpoint), str(tmp_path / "converted"))
+    assert layout.load_decode(str(tmp_path / "converted")) == DecodeConfig(
+        beam_size=5, alpha=0.8, length_penalty="average", max_extra_length=39)
+    # Transformers' own defaults where the checkpoint says nothing.
+    (checkpoint / where).write_text(json.dumps(
+        {k: v for k, v in settings.items()
+         if k not in ("num_beams", "length_penalty", "max_length")}))
+    marian.convert(str(checkpoint), str(tmp_path / "defaults"))
+    assert layout.load_decode(str(tmp_path / "defaults")) == DecodeConfig(
+        beam_size=1, alpha=1.0, length_penalty="average", max_extra_length=19)
+
+
 @pytest.mark.slow
 def test_the_convert_program_writes_a_model_directory_the_translate_program_reads(tmp_path):
     model_dir = tmp_path / "opus-mt"

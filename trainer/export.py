@@ -11,11 +11,12 @@ are listed in trainer/serving/exporters.py; each flag below fills the option of 
 name of the formats that have one.
 """
 
+import dataclasses
 import os
 
 from absl import flags
 
-from keras_transformer.config import DecodeConfig
+from keras_transformer.config import LENGTH_PENALTIES, DecodeConfig
 from trainer import cli
 from trainer.serving import exporters
 from trainer.serving.shortlist import ShortlistChoice
@@ -35,8 +36,14 @@ flags.DEFINE_enum("export_weights", None, ("last", "average", "ema", "best"), "W
                   "run with --keep_best (default: average when --average_last is set, else "
                   "last).")
 flags.DEFINE_integer("beam_size", DecodeConfig.beam_size, "SavedModel: beam size of every "
-                     "signature (and k of nbest). CTranslate2 takes it per request.")
+                     "signature (and k of nbest); this and the other search flags default to "
+                     "the model directory's settings (config.json's \"decode\": the training "
+                     "run's flags, a converted checkpoint's generation settings), else the "
+                     "paper's. CTranslate2 takes it per request.")
 flags.DEFINE_float("alpha", DecodeConfig.alpha, "SavedModel: length penalty exponent.")
+flags.DEFINE_enum("length_penalty", DecodeConfig.length_penalty, LENGTH_PENALTIES, "SavedModel: "
+                  "the length penalty's form: gnmt, the paper's ((5 + length) / 6)^alpha, or "
+                  "average, length^alpha (Hugging Face, Marian, CTranslate2).")
 flags.DEFINE_integer("max_beam_size", DecodeConfig.max_beam_size, "SavedModel: the largest "
                      "beam_size (and number of samples) a client may ask of the "
                      "translate_with_options and sample signatures.")
@@ -66,13 +73,25 @@ flags.DEFINE_string("quantization", "int8", "CTranslate2: the weights' type (int
                     "int8_float32, int16, float32, bfloat16, int8_bfloat16).")
 
 
+def _decode(model_dir: str) -> DecodeConfig:
+    """The model directory's decoding settings, with the search flags given on the
+    command line (or in a flagfile) on top."""
+    from trainer.model_dir import layout  # TensorFlow starts here, after the flags
+    given = {field.name: FLAGS[field.name].value for field in dataclasses.fields(DecodeConfig)
+             if field.name in FLAGS and FLAGS[field.name].present}
+    return dataclasses.replace(layout.load_decode(model_dir), **given)
+
+
 def main(argv):
     del argv
     if not FLAGS.model_dir:
         cli.fail("--model_dir is required")
     exporter = exporters.exporter(FLAGS.format)
     try:
-        options = cli.config_from_flags(exporter.Options)
+        given = {}
+        if "decode" in {field.name for field in dataclasses.fields(exporter.Options)}:
+            given["decode"] = _decode(FLAGS.model_dir)
+        options = cli.config_from_flags(exporter.Options, **given)
         name = os.path.basename(os.path.normpath(FLAGS.model_dir))
         export_dir = FLAGS.export_dir or exporter.default_dir(name, options)
         path = exporter.export(FLAGS.model_dir, export_dir, options)

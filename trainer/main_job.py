@@ -97,7 +97,7 @@ def train_and_export(model_config: TransformerConfig, data_config: DataConfig, r
     data = input_pipeline.build(source, run.model_dir, data_config)
     log(f"data: {data.report}")
     model_config = sized_to_vocabulary(model_config, data.tokenizers)
-    layout.save_config(run.model_dir, model_config)
+    layout.save_config(run.model_dir, model_config, run.decode)
     builtin = isinstance(source, sources.BuiltinSource)
     validator_args = (dict(decode=run.decode, bleu_sentences=run.bleu_sentences,
                            bleu_tokenize="char" if builtin else run.bleu_tokenize)

@@ -38,7 +38,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from keras_transformer import Transformer, TransformerConfig
+from keras_transformer import DecodeConfig, Transformer, TransformerConfig
 from trainer.conversion import ConversionError, safetensors
 from trainer.data import tokenizer as tokenizer_lib, vocabulary
 from trainer.model_dir import files, layout
@@ -69,6 +69,7 @@ def convert(input_dir: str, model_dir: str) -> TransformerConfig:
                               "directory")
     hf_config = _read_json(os.path.join(input_dir, "config.json"))
     config = transformer_config(hf_config, os.path.join(input_dir, "config.json"))
+    decode = generation_settings(input_dir, hf_config)
     vocabularies = _vocabularies(input_dir, hf_config, config)
     for name in ("source.spm", "target.spm"):
         _require(os.path.join(input_dir, name))
@@ -78,13 +79,32 @@ def convert(input_dir: str, model_dir: str) -> TransformerConfig:
     _assign(model, _Weights(tensors, _weights_path(input_dir), _prefix(tensors)), config,
             vocabularies)
     with files.staged_directory(os.path.dirname(os.path.abspath(model_dir))) as staging:
-        _write(staging.path, model, config, input_dir, vocabularies)
+        _write(staging.path, model, config, decode, input_dir, vocabularies)
         try:
             staging.publish(model_dir.rstrip("/"))  # into an empty model_dir, checked above
         except FileExistsError:
             raise ConversionError(f"{model_dir} was filled by another program during the "
                                   "conversion: convert into a new directory") from None
     return config
+
+
+def generation_settings(input_dir: str, hf: dict) -> DecodeConfig:
+    """How Transformers' `generate()` translates with the checkpoint by default: the
+    settings of its generation_config.json, else of its config.json (older checkpoints),
+    else Transformers' defaults (num_beams 1, length_penalty 1.0, max_length 20), as the
+    DecodeConfig of the "average" length penalty (log-prob / length^length_penalty).
+    Transformers' max_length counts the decoder's start token; ours, the source's tokens
+    plus max_extra_length, capped by the model's positions."""
+    path = os.path.join(input_dir, "generation_config.json")
+    settings = {**hf, **(_read_json(path) if os.path.exists(path) else {})}
+    try:
+        return DecodeConfig(beam_size=int(settings.get("num_beams") or 1),
+                            alpha=float(settings.get("length_penalty", 1.0)),
+                            length_penalty="average",
+                            max_extra_length=max(int(settings.get("max_length") or 20) - 1, 0))
+    except (TypeError, ValueError) as e:
+        raise ConversionError(f"{path if os.path.exists(path) else 'config.json'}: "
+                              f"generation settings this project cannot use ({e})") from None
 
 
 def transformer_config(hf: dict, path: str) -> TransformerConfig:
@@ -266,13 +286,13 @@ def _feed_forward(weights: _Weights, name: str, layer, config: TransformerConfig
                 config.d_model)
 
 
-def _write(directory: str, model: Transformer, config: TransformerConfig, input_dir: str,
-           vocabularies: Tuple[_Vocabulary, _Vocabulary]):
+def _write(directory: str, model: Transformer, config: TransformerConfig,
+           decode: DecodeConfig, input_dir: str, vocabularies: Tuple[_Vocabulary, _Vocabulary]):
     """The model directory, in the empty `directory`; its vocabulary is checked by
     loading it."""
     import tensorflow as tf
 
-    layout.save_config(directory, config)
+    layout.save_config(directory, config, decode)
     models = []
     for name in ("source.spm", "target.spm"):
         with open(os.path.join(input_dir, name), "rb") as f:

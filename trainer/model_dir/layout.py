@@ -1,6 +1,8 @@
-"""The layout of a model directory: config.json, the SentencePiece model(s),
-checkpoints (ckpt-<step>) and TensorBoard summaries (train/, eval/)."""
+"""The layout of a model directory: config.json (the model, and how it translates), the
+SentencePiece model(s), checkpoints (ckpt-<step>) and TensorBoard summaries (train/,
+eval/)."""
 
+import contextlib
 import json
 import os
 import sys
@@ -8,7 +10,7 @@ from typing import Callable, List, Optional
 
 import tensorflow as tf
 
-from keras_transformer import Transformer, TransformerConfig
+from keras_transformer import DecodeConfig, Transformer, TransformerConfig
 from trainer.model_dir import files
 
 CONFIG_FILE = "config.json"
@@ -18,8 +20,12 @@ class ModelDirError(ValueError):
     """The model directory cannot serve the run as asked; the message is one line."""
 
 
-def save_config(model_dir: str, model_config: TransformerConfig):
-    """Writes config.json; a second run on the same directory must ask for the same model.
+def save_config(model_dir: str, model_config: TransformerConfig,
+                decode: Optional[DecodeConfig] = None):
+    """Writes config.json: {"model": the TransformerConfig, "decode": the DecodeConfig the
+    programs translate with by default} (decode None: the one stored, if any). A second
+    run on the same directory must ask for the same model; its decoding settings replace
+    the stored ones.
 
     Raises ModelDirError, naming the fields that differ, when the directory holds another.
     """
@@ -31,8 +37,13 @@ def save_config(model_dir: str, model_config: TransformerConfig):
             changed = {k: (v, asked[k]) for k, v in saved.to_dict().items() if asked[k] != v}
             raise ModelDirError(f"{model_dir} holds a different model (saved vs asked: {changed}); "
                              "use another --model_dir")
+        if decode is None and _read(path).get("decode") is not None:
+            decode = load_decode(model_dir)
+    contents = {"model": model_config.to_dict()}
+    if decode is not None:
+        contents["decode"] = decode.to_dict()
     tf.io.gfile.makedirs(model_dir)
-    files.write_atomically(path, json.dumps({"model": model_config.to_dict()}, indent=2))
+    files.write_atomically(path, json.dumps(contents, indent=2))
 
 
 def load_config(model_dir: str) -> TransformerConfig:
@@ -42,13 +53,35 @@ def load_config(model_dir: str) -> TransformerConfig:
     half-written or edited file), each naming the file.
     """
     path = os.path.join(model_dir, CONFIG_FILE)
+    with _reading(path):
+        return TransformerConfig.from_dict(_read(path)["model"])
+
+
+def load_decode(model_dir: str) -> DecodeConfig:
+    """The DecodeConfig stored in model_dir's config.json: how its model translates
+    unless a flag says otherwise (the paper's settings for a directory written before
+    config.json held them). Raises as `load_config`."""
+    path = os.path.join(model_dir, CONFIG_FILE)
+    with _reading(path):
+        return DecodeConfig.from_dict(_read(path).get("decode") or {})
+
+
+def _read(path: str) -> dict:
+    """config.json's contents; FileNotFoundError naming it when there is none."""
     if not tf.io.gfile.exists(path):
+        model_dir = os.path.dirname(path)
         raise FileNotFoundError(f"{path} not found: is {model_dir} a model directory of "
                                 "python -m trainer.task?")
+    with tf.io.gfile.GFile(path) as f:
+        return json.load(f)
+
+
+@contextlib.contextmanager
+def _reading(path: str):
+    """Turns what a half-written or edited config.json raises into one ModelDirError."""
     try:
-        with tf.io.gfile.GFile(path) as f:
-            return TransformerConfig.from_dict(json.load(f)["model"])
-    except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+        yield
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError too
         raise ModelDirError(f"{path} is damaged ({_one_line(e)}); restore it from a copy, "
                             "or use another model directory") from None
 

@@ -24,14 +24,15 @@ them: see the README ("Serving with CTranslate2").
 
 import dataclasses
 import os
+import sys
 import tempfile
 
 import numpy as np
 
-from keras_transformer import Transformer
+from keras_transformer import DecodeConfig, Transformer
 from keras_transformer.special_ids import BOS_ID, EOS_ID, UNK_ID
 from trainer.data import tokenizer as tokenizer_lib, vocabulary
-from trainer.model_dir import files as model_files
+from trainer.model_dir import files as model_files, layout
 from trainer.model_dir.weights import WeightsChoice, final_model
 from trainer.serving.exporters import MissingExtra
 from trainer.serving.shortlist import ShortlistChoice, write_vmap
@@ -82,7 +83,21 @@ def export(model_dir: str, export_dir: str, options: Options = Options()) -> str
     tokenizers = vocabulary.load_or_train(model_dir, None)
     shortlist = options.shortlist.build(tokenizers, model.config.input_vocab_size,
                                         model.config.vocab_size)
-    return write(model, tokenizers, export_dir, options.quantization, shortlist)
+    path = write(model, tokenizers, export_dir, options.quantization, shortlist)
+    print(search_note(layout.load_decode(model_dir)), file=sys.stderr, flush=True)
+    return path
+
+
+def search_note(decode: DecodeConfig) -> str:
+    """One line on how to search as the model directory does: CTranslate2 takes the
+    search per request, and ranks by log-prob / length^length_penalty only (the "average"
+    length penalty)."""
+    request = f"beam_size={decode.beam_size}, length_penalty={decode.alpha:g}"
+    if decode.length_penalty == "average":
+        return f"CTranslate2 takes the search per request: translate_batch(..., {request})"
+    return (f"CTranslate2 cannot rank by the model directory's gnmt length penalty "
+            f"((5 + length) / 6)^{decode.alpha:g}: translate_batch(..., {request}) ranks by "
+            f"length^{decode.alpha:g} instead")
 
 
 def _ctranslate2():

@@ -54,7 +54,8 @@ class OptionSignatures:
                              extra_length=max_extra_length, use_cache=self.use_cache,
                              num_hypotheses=num_hypotheses,
                              target_prefix=self.prefix_ids(target_prefix),
-                             step_weights=self.step_weights, shortlist=self.shortlist)
+                             step_weights=self.step_weights, shortlist=self.shortlist,
+                             length_penalty=self.decode.length_penalty)
         return self._hypotheses(source_ids, result, num_hypotheses)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
@@ -102,7 +103,8 @@ class OptionSignatures:
                                alpha=self.decode.alpha, extra_length=max_extra_length,
                                use_cache=self.use_cache,
                                target_prefix=self.prefix_ids(target_prefix),
-                               step_weights=self.step_weights)
+                               step_weights=self.step_weights,
+                               length_penalty=self.decode.length_penalty)
         return self._hypotheses(source_ids, result, num_hypotheses)
 
 

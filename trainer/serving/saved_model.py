@@ -46,14 +46,14 @@ import dataclasses
 import json
 import os
 import re
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
 from keras_transformer import DecodeConfig, Transformer
 from keras_transformer.quantization import quantize_step_weights
 from trainer.data import vocabulary
-from trainer.model_dir import files
+from trainer.model_dir import files, layout
 from trainer.model_dir.weights import WeightsChoice, final_model
 from trainer.serving import warmup, xla
 from trainer.serving.shortlist import ShortlistChoice
@@ -72,9 +72,10 @@ class Options:
 
     Attributes:
       weights: which weights the export ships.
-      decode: the search of every signature: serving_default's beam size and alpha (and
-        the other fixed signatures'), the largest beam translate_with_options and sample
-        accept.
+      decode: the search of every signature: serving_default's beam size and length
+        penalty (and the other fixed signatures'), the largest beam translate_with_options
+        and sample accept; None: the model directory's (config.json's "decode", else the
+        paper's).
       serving_dtype: one of SERVING_DTYPES: "float32", or "bfloat16" for CPUs with AVX-512
         BF16 or AMX: weights and activations in bfloat16, attention softmax, log-probs and
         scores in float32. bfloat16 weights rather than float32 ones cast at every
@@ -88,7 +89,7 @@ class Options:
     """
 
     weights: WeightsChoice = dataclasses.field(default_factory=WeightsChoice)
-    decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
+    decode: Optional[DecodeConfig] = None
     serving_dtype: str = "float32"
     xla: bool = False
     shortlist: ShortlistChoice = dataclasses.field(default_factory=ShortlistChoice)
@@ -177,7 +178,8 @@ def build_translator(model_dir: str, options: Options = Options()
         shortlist = shortlist._replace(frequent=tf.Variable(shortlist.frequent, trainable=False),
                                        by_source=tf.Variable(shortlist.by_source,
                                                              trainable=False))
-    return Translator(model, tokenizers, options.decode, step_weights=step_weights,
+    decode = options.decode or layout.load_decode(model_dir)
+    return Translator(model, tokenizers, decode, step_weights=step_weights,
                       shortlist=shortlist), paths
 
 
@@ -212,7 +214,7 @@ def export(model_dir: str, export_dir: str, options: Options = Options()) -> str
     if route is not None:
         signatures[xla.SIGNATURE] = route.translate.get_concrete_function()
     info = {"model_dir": os.path.abspath(model_dir), "checkpoints": checkpoints,
-            "weights": options.weights.kind, **options.decode.to_dict(),
+            "weights": options.weights.kind, **translator.decode.to_dict(),
             "serving_dtype": options.serving_dtype,
             "shortlist": options.shortlist.describe() if options.shortlist.paths else None,
             "model": translator.model.config.to_dict(), "signatures": list(signatures)}
@@ -221,7 +223,7 @@ def export(model_dir: str, export_dir: str, options: Options = Options()) -> str
         extra = os.path.join(staging.path, "assets.extra")
         tf.io.gfile.makedirs(extra)
         warmup.write(os.path.join(extra, warmup.FILE),
-                     os.path.basename(os.path.abspath(export_dir)), options.decode)
+                     os.path.basename(os.path.abspath(export_dir)), translator.decode)
         return _publish(staging, export_dir, info)
 
 

@@ -105,7 +105,8 @@ class Translator(OptionSignatures, tf.Module):
         return beam_search(self.model, source_ids, beam_size=self.decode.beam_size,
                            alpha=self.decode.alpha, extra_length=self.decode.max_extra_length,
                            use_cache=self.use_cache, num_hypotheses=num_hypotheses,
-                           step_weights=self.step_weights, shortlist=self.shortlist)
+                           step_weights=self.step_weights, shortlist=self.shortlist,
+                           length_penalty=self.decode.length_penalty)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def translate(self, inputs):
@@ -197,7 +198,8 @@ class Translator(OptionSignatures, tf.Module):
         empty_target = lengths == 1
         log_probs = tf.where(has_input, log_probs, tf.where(empty_target, 0.0, _NEG_INF))
         return {"log_probs": log_probs,
-                "scores": log_probs / length_penalty(lengths, self.decode.alpha),
+                "scores": log_probs / length_penalty(lengths, self.decode.alpha,
+                                                     self.decode.length_penalty),
                 "lengths": lengths}
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])

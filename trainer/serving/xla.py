@@ -58,5 +58,6 @@ class XlaRoute:
         decode = self.translator.decode
         return beam_search(self.translator.model, source_ids, beam_size=decode.beam_size,
                            alpha=decode.alpha, extra_length=decode.max_extra_length,
-                           num_hypotheses=1, fixed_shapes=True)
+                           num_hypotheses=1, fixed_shapes=True,
+                           length_penalty=decode.length_penalty)
 
