@@ -22,14 +22,28 @@ SUPPRESS = [["<pad>"], ["<s>"]]
 def trained(main_job, tmp_path_factory):
     """The README's main job's model (conftest.main_job: it translates the builtin corpus),
     exported as a float32 CTranslate2 model by the real CLI: (model directory, its
-    SavedModel version, the CTranslate2 directory)."""
+    SavedModel version, the CTranslate2 directory, the CLI's stderr)."""
     model_dir = main_job.directory / "runs" / "tiny_builtin"
     ct2_dir = tmp_path_factory.mktemp("ct2") / "ct2"
     result = run([sys.executable, "-m", "trainer.export", f"--model_dir={model_dir}",
                   "--format=ctranslate2", "--quantization=float32", f"--export_dir={ct2_dir}"],
                  cwd=REPO, env=_env())
     assert str(ct2_dir) in result.stdout.decode()
-    return model_dir, main_job.directory / "saved_models" / "tiny_builtin" / "1", ct2_dir
+    return (model_dir, main_job.directory / "saved_models" / "tiny_builtin" / "1", ct2_dir,
+            result.stderr.decode())
+
+
+def test_the_export_says_how_to_search_as_the_model_directory_does(trained):
+    """The main job stored the paper's search (gnmt, alpha 0.6), which CTranslate2 cannot
+    rank by: one line says so. An average penalty passes through as request options."""
+    from keras_transformer import DecodeConfig
+    from trainer.serving.ctranslate2 import search_note
+    lines = [line for line in trained[3].splitlines() if "CTranslate2" in line]
+    assert lines == [search_note(DecodeConfig())], trained[3][-2000:]
+    assert "gnmt" in lines[0] and "length_penalty=0.6" in lines[0]
+    assert search_note(DecodeConfig(beam_size=5, alpha=1.0, length_penalty="average")) == (
+        "CTranslate2 takes the search per request: translate_batch(..., beam_size=5, "
+        "length_penalty=1)")
 
 
 def _ct2_translate(model_dir, texts, beam_size, alpha, max_decoding_length):
@@ -48,7 +62,7 @@ def _ct2_translate(model_dir, texts, beam_size, alpha, max_decoding_length):
 def test_ctranslate2_beam_search_agrees_with_the_saved_model(trained):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
-    _, saved_model, ct2_dir = trained
+    _, saved_model, ct2_dir, _ = trained
     texts = sources(200)
     loaded = tf.saved_model.load(str(saved_model))
     ours = [t.decode() for t in loaded.signatures["serving_default"](
@@ -69,7 +83,7 @@ def test_with_beam_1_and_alpha_0_the_outputs_are_identical_token_for_token(train
     import tensorflow as tf
     from keras_transformer import greedy_search
     from trainer.serving import saved_model
-    model_dir, _, ct2_dir = trained
+    model_dir, _, ct2_dir, _ = trained
     translator, _ = saved_model.build_translator(str(model_dir))
     texts = sources(200)
     source_ids = translator.source_ids(tf.constant(texts))
