@@ -29,6 +29,10 @@ class TransformerConfig:
     Attributes:
       vocab_size: target vocabulary size (and source, unless `source_vocab_size` is set).
       num_layers: N, identical layers in each of the encoder and decoder stacks.
+      num_encoder_layers, num_decoder_layers: a depth for one stack that differs from
+        num_layers (None: num_layers), as Marian, fairseq and CTranslate2 allow; a deep
+        encoder with a shallow decoder decodes faster (Kasai et al., 2021). The
+        `encoder_layers` and `decoder_layers` properties give the depths.
       d_model: width of every sublayer output and of the embeddings.
       d_ff: inner width of the position-wise feed-forward network.
       num_heads: h, parallel attention heads.
@@ -72,6 +76,8 @@ class TransformerConfig:
 
     vocab_size: int = 37000
     num_layers: int = 6
+    num_encoder_layers: Optional[int] = None
+    num_decoder_layers: Optional[int] = None
     d_model: int = 512
     d_ff: int = 2048
     num_heads: int = 8
@@ -103,12 +109,28 @@ class TransformerConfig:
                 "set key_dim and value_dim explicitly")
         if self.share_embeddings and self.source_vocab_size not in (None, self.vocab_size):
             raise ValueError("separate source and target vocabularies need share_embeddings=False")
-        for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "max_length"):
-            if getattr(self, name) <= 0:
+        for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "max_length",
+                     "num_encoder_layers", "num_decoder_layers"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("dropout", "attention_dropout", "label_smoothing"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+    @property
+    def encoder_layers(self) -> int:
+        return self.num_encoder_layers or self.num_layers
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.num_decoder_layers or self.num_layers
+
+    @property
+    def depth(self) -> str:
+        """The layers, for reports: "6", or "12+1" (encoder + decoder) when they differ."""
+        if self.encoder_layers == self.decoder_layers:
+            return str(self.encoder_layers)
+        return f"{self.encoder_layers}+{self.decoder_layers}"
 
     @property
     def d_k(self) -> int:

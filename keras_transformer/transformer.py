@@ -71,7 +71,7 @@ class Transformer(keras.Model):
             config = TransformerConfig.from_dict(config)
         self.config = config
         policy = dict(dtype=self.dtype_policy)
-        stack = dict(num_layers=config.num_layers, d_model=config.d_model,
+        stack = dict(d_model=config.d_model,
                      num_heads=config.num_heads, d_ff=config.d_ff, key_dim=config.key_dim,
                      value_dim=config.value_dim, dropout=config.dropout,
                      attention_dropout=config.attention_dropout, pre_norm=config.pre_norm,
@@ -89,8 +89,8 @@ class Transformer(keras.Model):
         self.target_positions = PositionalEncoding(name="target_positions", **positional)
         self.source_dropout_layer = Dropout(config.dropout, **policy)
         self.target_dropout_layer = Dropout(config.dropout, **policy)
-        self.encoder = Encoder(name="encoder", **stack, **policy)
-        self.decoder = Decoder(name="decoder", **stack, **policy)
+        self.encoder = Encoder(config.encoder_layers, name="encoder", **stack, **policy)
+        self.decoder = Decoder(config.decoder_layers, name="decoder", **stack, **policy)
 
     def encode(self, source_ids, training=None, return_attention_scores=False, packing=None):
         """source_ids int [batch, src_len] -> encoder output [batch, src_len, d_model]

@@ -138,3 +138,28 @@ def test_config_validation_and_presets():
         6, 1024, 4096, 16, 64, 0.3)
     assert TransformerConfig.preset("small", vocab_size=123).vocab_size == 123
     assert TransformerConfig.big(dropout=0.1).dropout == 0.1  # big for en-fr (section 6.1)
+
+
+@pytest.mark.parametrize("encoder_layers,decoder_layers", [(3, 1), (2, 3)])
+def test_encoder_and_decoder_depths_apart(encoder_layers, decoder_layers):
+    """num_encoder_layers and num_decoder_layers build stacks of their own depths, and the
+    cached search (its cache and step weights per decoder layer) decodes what teacher
+    forcing does; num_layers alone sets both, so older configs read back unchanged."""
+    from keras_transformer import beam_search
+    config = dataclasses.replace(CONFIG, num_encoder_layers=encoder_layers,
+                                 num_decoder_layers=decoder_layers)
+    m = Transformer(config)
+    m.build()
+    assert (len(m.encoder.layers), len(m.decoder.layers)) == (encoder_layers, decoder_layers)
+    assert config.depth == f"{encoder_layers}+{decoder_layers}"
+    source = tf.constant(random_batch(np.random.default_rng(8), vocab=50)[0])
+    cached, uncached = (beam_search(m, source, beam_size=3, extra_length=5, use_cache=use)
+                        for use in (True, False))
+    np.testing.assert_array_equal(cached.ids, uncached.ids)
+    np.testing.assert_allclose(cached.scores, uncached.scores, atol=1e-4)
+    old = {k: v for k, v in CONFIG.to_dict().items()
+           if k not in ("num_encoder_layers", "num_decoder_layers")}
+    same = TransformerConfig.from_dict(old)
+    assert same == CONFIG and (same.encoder_layers, same.decoder_layers) == (
+        CONFIG.num_layers, CONFIG.num_layers)
+    assert TransformerConfig.from_dict(config.to_dict()) == config
