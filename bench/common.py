@@ -331,7 +331,7 @@ def forward_flops(config, batch: int, source_len: int, target_len: int,
                + source_tokens * 2 * (d * a_k + d * a_v)
                + batch * 2 * (target_len * target_len + target_len * source_len) * (a_k + a_v))
     output = target_tokens * 2 * d * vocab
-    return config.num_layers * (encoder + decoder) + output
+    return config.encoder_layers * encoder + config.decoder_layers * decoder + output
 
 
 def update_flops(config, batch: int, source_len: int, target_len: int,

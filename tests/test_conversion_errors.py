@@ -53,7 +53,7 @@ def test_a_missing_file_is_named(checkpoint, tmp_path):
 @pytest.mark.parametrize("change, expected", [
     ({"normalize_before": True}, "pre-norm blocks (normalize_before) are not supported"),
     ({"model_type": "bart"}, "model_type is 'bart', not 'marian'"),
-    ({"decoder_layers": 3}, "encoder_layers=2 differs from decoder_layers=3"),
+    ({"decoder_ffn_dim": 99}, "differs from decoder_ffn_dim=99"),
     ({"activation_function": "tanh"}, "activation_function 'tanh' is not one of"),
 ])
 def test_an_architecture_this_project_cannot_express_is_named(checkpoint, tmp_path, change,

@@ -99,8 +99,8 @@ def test_with_beam_1_and_alpha_0_the_outputs_are_identical_token_for_token(train
 
 
 def test_pre_norm_learned_positions_and_separate_vocabularies_convert(tmp_path):
-    """The variants the paper does not use convert too: a random model's greedy
-    output, id for id."""
+    """The variants the paper does not use convert too (and encoder and decoder depths
+    apart, 3 and 1): a random model's greedy output, id for id."""
     import tensorflow as tf
     from keras_transformer import Transformer, TransformerConfig, greedy_search
     from trainer.data import builtin_corpus
@@ -113,7 +113,8 @@ def test_pre_norm_learned_positions_and_separate_vocabularies_convert(tmp_path):
     config = TransformerConfig.tiny(vocab_size=tokenizers.target.vocab_size,
                                     source_vocab_size=tokenizers.source.vocab_size,
                                     share_embeddings=False, pre_norm=True,
-                                    positional="learned", max_length=24)
+                                    positional="learned", max_length=24,
+                                    num_encoder_layers=3, num_decoder_layers=1)
     model = Transformer(config)
     model.build()
     out = ctranslate2_format.write(model, tokenizers, str(tmp_path / "ct2"), "float32")

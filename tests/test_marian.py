@@ -1,7 +1,7 @@
 """OPUS-MT (Marian) checkpoints converted by `trainer.convert` compute what the reference
 implementations compute: tests/fixtures/marian holds small random Marian models as
-Hugging Face saves them (shared and separate vocabularies; 1, 2 and 3 layers; widths 32,
-40 and 64; swish, gelu and relu), with the outputs of Hugging Face Transformers'
+Hugging Face saves them (shared and separate vocabularies; 1, 2 and 3 layers, and encoder
+and decoder depths apart, 2 and 3, 3 and 1; widths 32, 40 and 64; swish, gelu and relu), with the outputs of Hugging Face Transformers'
 MarianMTModel and of CTranslate2's own TransformersConverter on them, made by
 make_fixtures.py there (torch is not needed here)."""
 

@@ -34,7 +34,7 @@ def main(argv):
         cli.fail(str(e))
     vocabulary = (f"{config.vocab_size} pieces" if config.share_embeddings else
                   f"{config.input_vocab_size} source and {config.vocab_size} target pieces")
-    print(f"converted {FLAGS.input} into {FLAGS.model_dir}: {config.num_layers} layers, "
+    print(f"converted {FLAGS.input} into {FLAGS.model_dir}: {config.depth} layers, "
           f"d_model {config.d_model}, {config.activation}, vocabulary {vocabulary}")
 
 

@@ -29,7 +29,8 @@ generation of OPUS-MT never outputs pad (`bad_words_ids`).
 
 Not supported, each with one line naming config.json: pre-norm variants
 (`normalize_before`), a layer norm on the embeddings, unscaled embeddings, encoder and
-decoder of different sizes, an untied output projection, other activations.
+decoder of different widths (feed-forward or heads; their depths may differ), an untied
+output projection, other activations.
 """
 
 import json
@@ -123,8 +124,7 @@ def transformer_config(hf: dict, path: str) -> TransformerConfig:
                               else f"{what} is not supported")
     if not hf.get("scale_embedding", False):
         raise unsupported("unscaled embeddings (scale_embedding false) are not supported")
-    for encoder, decoder in (("encoder_layers", "decoder_layers"),
-                             ("encoder_ffn_dim", "decoder_ffn_dim"),
+    for encoder, decoder in (("encoder_ffn_dim", "decoder_ffn_dim"),
                              ("encoder_attention_heads", "decoder_attention_heads")):
         if hf.get(encoder) != hf.get(decoder):
             raise unsupported(f"{encoder}={hf.get(encoder)} differs from "
@@ -142,6 +142,7 @@ def transformer_config(hf: dict, path: str) -> TransformerConfig:
         return TransformerConfig(
             vocab_size=target_size + 1, source_vocab_size=None if share else vocab_size + 1,
             share_embeddings=share, num_layers=int(hf["encoder_layers"]),
+            num_decoder_layers=_other_depth(hf, "decoder_layers", "encoder_layers"),
             d_model=int(hf["d_model"]), d_ff=int(hf["encoder_ffn_dim"]),
             num_heads=int(hf["encoder_attention_heads"]), dropout=float(hf.get("dropout", 0.1)),
             attention_dropout=float(hf.get("attention_dropout", 0.0)),
@@ -152,6 +153,12 @@ def transformer_config(hf: dict, path: str) -> TransformerConfig:
         raise ConversionError(f"{path}: {type(e).__name__} {e} (a Marian config.json has "
                               "vocab_size, d_model, encoder_layers, encoder_ffn_dim, "
                               "encoder_attention_heads)") from None
+
+
+def _other_depth(hf: dict, name: str, reference: str):
+    """hf[name] as an int when it differs from hf[reference], else None (the same)."""
+    depth = int(hf.get(name, hf[reference]))
+    return None if depth == int(hf[reference]) else depth
 
 
 class _Vocabulary:

@@ -163,11 +163,10 @@ def transformer_spec(model: Transformer, tokenizers: tokenizer_lib.Tokenizers):
     if (config.key_dim or 0) != (config.value_dim or 0):
         raise ValueError(f"CTranslate2 needs key_dim == value_dim; this model has "
                          f"{config.key_dim} and {config.value_dim}")
-    shape = dict(num_layers=config.num_layers, num_heads=config.num_heads,
-                 pre_norm=config.pre_norm, head_dim=config.key_dim,
+    shape = dict(num_heads=config.num_heads, pre_norm=config.pre_norm, head_dim=config.key_dim,
                  activation=_activation(config.activation))
-    encoder = specs.TransformerEncoderSpec(**shape)
-    decoder = specs.TransformerDecoderSpec(**shape)
+    encoder = specs.TransformerEncoderSpec(config.encoder_layers, **shape)
+    decoder = specs.TransformerDecoderSpec(config.decoder_layers, **shape)
     spec = specs.TransformerSpec(encoder, decoder)
 
     pieces = tokenizers.target.pieces()
