@@ -36,7 +36,7 @@ from keras_transformer.step import TransformerStep
 def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=DecodeConfig.alpha,
                 extra_length=DecodeConfig.max_extra_length, use_cache=True,
                 num_hypotheses=None, target_prefix=None, fixed_shapes=False, step_weights=None,
-                shortlist=None, length_penalty=DecodeConfig.length_penalty):
+                shortlist=None, length_penalty=DecodeConfig.length_penalty, max_length=None):
     """Beam search with a length penalty (section 6.1: Wu et al.'s, 2016).
 
     Each step extends every live beam by every token and keeps the 2 * beam_size
@@ -64,6 +64,8 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
       alpha: length penalty exponent (section 6.1: 0.6; 0 ranks by log-prob).
       length_penalty: the penalty's form, "gnmt" (the paper's, ((5 + |Y|) / 6)^alpha)
         or "average" (|Y|^alpha: Hugging Face, Marian, CTranslate2).
+      max_length: None, or the outputs' positions, BOS included (DecodeConfig.max_length):
+        at most max_length - 1 tokens, below the model's own limit.
       extra_length: a sentence's output has at most (its non-pad source tokens +
         extra_length) tokens, and at most config.max_length - 1.
       use_cache: True decodes one position per step with `model.decode_step`; False
@@ -103,7 +105,8 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
     True
     """
     source_ids = tf.cast(source_ids, tf.int32)
-    width, max_lengths = output_limits(source_ids, extra_length, model.config.max_length)
+    width, max_lengths = output_limits(source_ids, extra_length, model.config.max_length,
+                                       max_length)
     vocabulary = None
     if shortlist is not None:
         if fixed_shapes:

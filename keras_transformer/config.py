@@ -212,6 +212,10 @@ class DecodeConfig:
         ((5 + length) / 6) ** alpha; "average", length ** alpha (Hugging Face, Marian).
       max_extra_length: an output has at most the input's tokens + 1 + this many tokens,
         EOS included (and never more than the model's positions allow).
+      max_length: None, or positions an output may take, the start token (BOS)
+        included, as Transformers' max_length counts them: outputs of at most
+        max_length - 1 tokens, whatever the input's length (a converted checkpoint's
+        generation setting); None: the model's positions.
       max_beam_size: the largest beam (and number of samples) a client of an export may
         ask for per request; it bounds a request's work and output.
     """
@@ -220,6 +224,7 @@ class DecodeConfig:
     alpha: float = 0.6
     length_penalty: str = "gnmt"
     max_extra_length: int = 50
+    max_length: Optional[int] = None
     max_beam_size: int = 8
 
     def __post_init__(self):
@@ -229,6 +234,9 @@ class DecodeConfig:
         if self.alpha < 0 or self.max_extra_length < 0:
             raise ValueError(f"alpha and max_extra_length must not be negative, got "
                              f"{self.alpha} and {self.max_extra_length}")
+        if self.max_length is not None and self.max_length < 2:
+            raise ValueError(f"max_length must be at least 2 (the start token and one more), "
+                             f"got {self.max_length}")
         if self.length_penalty not in LENGTH_PENALTIES:
             raise ValueError(f"unknown length_penalty {self.length_penalty!r}; choose one of "
                              f"{', '.join(LENGTH_PENALTIES)}")

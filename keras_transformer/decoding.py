@@ -47,7 +47,7 @@ def sequence_log_probs(model, source_ids, target_ids):
 def greedy_search(model, source_ids, alpha=DecodeConfig.alpha,
                   extra_length=DecodeConfig.max_extra_length, use_cache=True,
                   target_prefix=None, step_weights=None,
-                  length_penalty=DecodeConfig.length_penalty):
+                  length_penalty=DecodeConfig.length_penalty, max_length=None):
     """Greedy decoding: the most probable token at each step, until EOS.
 
     Args:
@@ -62,6 +62,7 @@ def greedy_search(model, source_ids, alpha=DecodeConfig.alpha,
         its row's tokens (see `beam_search`).
       step_weights: what each step reads (see `beam_search`).
       length_penalty: the form of the reported scores' penalty (see `beam_search`).
+      max_length: None, or the outputs' positions, BOS included (see `beam_search`).
     Returns:
       DecodeResult with beam = 1.
 
@@ -78,17 +79,19 @@ def greedy_search(model, source_ids, alpha=DecodeConfig.alpha,
     3
     """
     return model_single_path_search(model, source_ids, most_probable, alpha, extra_length,
-                                    use_cache, target_prefix, step_weights, length_penalty)
+                                    use_cache, target_prefix, step_weights, length_penalty,
+                                    max_length)
 
 
 def model_single_path_search(model, source_ids, choose, alpha, extra_length, use_cache,
                              target_prefix, step_weights=None,
-                             length_penalty=DecodeConfig.length_penalty):
+                             length_penalty=DecodeConfig.length_penalty, max_length=None):
     """`search_single_path` over a Transformer's step: what greedy search and sampling
     (keras_transformer.sampling) share. Arguments as `greedy_search`; choose as
     `search_single_path`'s."""
     source_ids = tf.cast(source_ids, tf.int32)
-    width, max_lengths = output_limits(source_ids, extra_length, model.config.max_length)
+    width, max_lengths = output_limits(source_ids, extra_length, model.config.max_length,
+                                       max_length)
     step, state = TransformerStep.start(model, source_ids, width, use_cache,
                                         weights=step_weights)
     return search_single_path(step, state, max_lengths, width, choose, alpha, target_prefix,

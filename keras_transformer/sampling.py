@@ -17,7 +17,7 @@ def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k
                   top_p=1.0, alpha=DecodeConfig.alpha,
                   extra_length=DecodeConfig.max_extra_length, use_cache=True,
                   target_prefix=None, step_weights=None,
-                  length_penalty=DecodeConfig.length_penalty):
+                  length_penalty=DecodeConfig.length_penalty, max_length=None):
     """Random sampling: num_samples outputs per sentence, each token drawn until EOS.
 
     A token is drawn from the model's distribution at `temperature`, restricted to the
@@ -39,8 +39,8 @@ def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k
       top_k: keep the k most probable tokens (ties with the k-th kept too); 0 keeps all.
       top_p: keep the smallest set of most probable tokens whose probability (at the
         temperature) reaches top_p; 1 keeps all. The most probable token is always kept.
-      alpha, extra_length, use_cache, target_prefix, step_weights, length_penalty: as
-        `greedy_search`.
+      alpha, extra_length, use_cache, target_prefix, step_weights, length_penalty,
+        max_length: as `greedy_search`.
     Returns:
       DecodeResult with beam = num_samples, each sentence's samples sorted by score.
       log_probs are the model's (temperature 1, unrestricted) log P(output | source).
@@ -74,7 +74,7 @@ def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k
     # A sentence's samples in adjacent rows, decoded as a batch of batch * num_samples.
     result = model_single_path_search(model, tf.repeat(source_ids, num_samples, axis=0),
                                       sample, alpha, extra_length, use_cache, target_prefix,
-                                      step_weights, length_penalty)
+                                      step_weights, length_penalty, max_length)
 
     def per_sentence(t):  # [batch * num_samples, 1, ...] -> [batch, num_samples, ...]
         return tf.reshape(t, tf.concat([tf.stack([batch, num_samples]), tf.shape(t)[2:]], 0))

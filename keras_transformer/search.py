@@ -99,10 +99,11 @@ def length_penalty(length, alpha, kind="gnmt"):
                      f"{', '.join(LENGTH_PENALTIES)}")
 
 
-def output_limits(source_ids, extra_length, max_length):
+def output_limits(source_ids, extra_length, max_length, limit=None):
     """(width, max_lengths int32 [batch]): the output buffer's width and each output's
     limit, EOS counted (section 6.1: input length + extra_length), both at most
-    max_length - 1 (BOS takes one of a model's max_length positions).
+    max_length - 1 (BOS takes one of a model's max_length positions), and at most
+    limit - 1 when a search's own limit is given (DecodeConfig.max_length).
 
     width is a Python int when the source's width is static and extra_length a Python
     int, so that XLA sees fixed shapes.
@@ -114,7 +115,7 @@ def output_limits(source_ids, extra_length, max_length):
     >>> width, max_lengths.numpy().tolist()
     (53, [53, 52])
     """
-    cap = max_length - 1
+    cap = (max_length if limit is None else min(max_length, limit)) - 1
     src_len = source_ids.shape[1]
     if src_len is None or tf.is_tensor(extra_length):
         width = tf.minimum(tf.shape(source_ids)[1] + extra_length, cap)

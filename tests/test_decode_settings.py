@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
 
 from conftest import QUICK, REPO, _env
 from keras_transformer import DecodeConfig
@@ -53,10 +54,15 @@ def test_a_model_directory_without_settings_translates_with_the_papers(exported,
     (model_dir / "config.json").write_text(json.dumps({"model": config["model"]}))
     translator, _ = saved_model.build_translator(str(model_dir))
     assert translator.decode == DecodeConfig()
-    config["decode"] = {"beam_size": 2, "length_penalty": "average"}
+    config["decode"] = {"beam_size": 2, "length_penalty": "average", "max_length": 2}
     (model_dir / "config.json").write_text(json.dumps(config))
     translator, _ = saved_model.build_translator(str(model_dir))
-    assert translator.decode == DecodeConfig(beam_size=2, length_penalty="average")
+    assert translator.decode == DecodeConfig(beam_size=2, length_penalty="average",
+                                             max_length=2)
+    # Its search keeps to them: 2 beams, outputs of max_length - 1 tokens: EOS alone.
+    result = translator.search(translator.source_ids(
+        tf.constant(["three hundred and twenty-five thousand four hundred and one"])), 2)
+    assert result.ids.shape[1] == 2 and result.lengths.numpy().max() == 1
 
 
 def test_damaged_settings_are_one_line_naming_config_json(exported, tmp_path):

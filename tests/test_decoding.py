@@ -113,6 +113,12 @@ def test_model_max_length_caps_the_output(search):
     assert result.ids.shape[-1] == 8 and result.lengths.max() == 8
     np.testing.assert_allclose(recomputed_log_probs(model, sources, result),
                                result.log_probs, atol=1e-4)
+    # A search's own limit (DecodeConfig.max_length, Transformers' max_length) below the
+    # model's: every output, long source or short, ends by 5 - 1 tokens, EOS forced there.
+    capped = decode(SEARCHES[search], model, sources, extra_length=50, max_length=5)
+    assert capped.ids.shape[-1] == 4 and capped.lengths.max() == 4
+    ends = capped.ids[np.arange(2), 0, capped.lengths[:, 0] - 1]
+    assert np.all(ends == 3)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])

@@ -154,14 +154,14 @@ def test_the_checkpoints_generation_settings_become_the_model_directorys(tmp_pat
     (checkpoint / where).write_text(json.dumps(settings))
     marian.convert(str(checkpoint), str(tmp_path / "converted"))
     assert layout.load_decode(str(tmp_path / "converted")) == DecodeConfig(
-        beam_size=5, alpha=0.8, length_penalty="average", max_extra_length=39)
+        beam_size=5, alpha=0.8, length_penalty="average", max_length=40, max_extra_length=39)
     # Transformers' own defaults where the checkpoint says nothing.
     (checkpoint / where).write_text(json.dumps(
         {k: v for k, v in settings.items()
          if k not in ("num_beams", "length_penalty", "max_length")}))
     marian.convert(str(checkpoint), str(tmp_path / "defaults"))
     assert layout.load_decode(str(tmp_path / "defaults")) == DecodeConfig(
-        beam_size=1, alpha=1.0, length_penalty="average", max_extra_length=19)
+        beam_size=1, alpha=1.0, length_penalty="average", max_length=20, max_extra_length=19)
 
 
 @pytest.mark.slow

@@ -93,16 +93,17 @@ def generation_settings(input_dir: str, hf: dict) -> DecodeConfig:
     """How Transformers' `generate()` translates with the checkpoint by default: the
     settings of its generation_config.json, else of its config.json (older checkpoints),
     else Transformers' defaults (num_beams 1, length_penalty 1.0, max_length 20), as the
-    DecodeConfig of the "average" length penalty (log-prob / length^length_penalty).
-    Transformers' max_length counts the decoder's start token; ours, the source's tokens
-    plus max_extra_length, capped by the model's positions."""
+    DecodeConfig of the "average" length penalty (log-prob / length^length_penalty), whose
+    outputs are limited by max_length alone, as Transformers limits them (max_extra_length
+    never binds first)."""
     path = os.path.join(input_dir, "generation_config.json")
     settings = {**hf, **(_read_json(path) if os.path.exists(path) else {})}
     try:
+        max_length = int(settings.get("max_length") or 20)
         return DecodeConfig(beam_size=int(settings.get("num_beams") or 1),
                             alpha=float(settings.get("length_penalty", 1.0)),
-                            length_penalty="average",
-                            max_extra_length=max(int(settings.get("max_length") or 20) - 1, 0))
+                            length_penalty="average", max_length=max_length,
+                            max_extra_length=max(max_length - 1, 0))
     except (TypeError, ValueError) as e:
         raise ConversionError(f"{path if os.path.exists(path) else 'config.json'}: "
                               f"generation settings this project cannot use ({e})") from None

@@ -55,7 +55,8 @@ class OptionSignatures:
                              num_hypotheses=num_hypotheses,
                              target_prefix=self.prefix_ids(target_prefix),
                              step_weights=self.step_weights, shortlist=self.shortlist,
-                             length_penalty=self.decode.length_penalty)
+                             length_penalty=self.decode.length_penalty,
+                             max_length=self.decode.max_length)
         return self._hypotheses(source_ids, result, num_hypotheses)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
@@ -104,7 +105,8 @@ class OptionSignatures:
                                use_cache=self.use_cache,
                                target_prefix=self.prefix_ids(target_prefix),
                                step_weights=self.step_weights,
-                               length_penalty=self.decode.length_penalty)
+                               length_penalty=self.decode.length_penalty,
+                               max_length=self.decode.max_length)
         return self._hypotheses(source_ids, result, num_hypotheses)
 
 

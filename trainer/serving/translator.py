@@ -106,7 +106,8 @@ class Translator(OptionSignatures, tf.Module):
                            alpha=self.decode.alpha, extra_length=self.decode.max_extra_length,
                            use_cache=self.use_cache, num_hypotheses=num_hypotheses,
                            step_weights=self.step_weights, shortlist=self.shortlist,
-                           length_penalty=self.decode.length_penalty)
+                           length_penalty=self.decode.length_penalty,
+                           max_length=self.decode.max_length)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def translate(self, inputs):
