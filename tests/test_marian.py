@@ -100,6 +100,11 @@ def test_greedy_and_beam_search_give_the_references_outputs(converted):
         assert pieces == reference[name]["pieces"], name
 
 
+# The SavedModel's own part (tokenizing in the graph, a language code, shared and separate
+# vocabularies, the signatures) on three fixtures that hold every such case, one with depths
+# apart; the other models' searches are checked above, an export each costing 15-45 s.
+@pytest.mark.parametrize("converted", ["shared_swish", "separate_gelu", "deeper_decoder"],
+                         indirect=True)
 def test_the_text_to_text_saved_model_gives_the_references_translations(converted, tmp_path):
     extra = converted.reference["max_extra_length"]
     options = saved_model.Options(weights=WeightsChoice(),
