@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Optional
 import tensorflow as tf
 
 from keras_transformer.attention import ELEMENTWISE_MAX_ROWS
-from keras_transformer.config import LENGTH_PENALTIES, DecodeConfig
+from keras_transformer.config import DecodeConfig
 from keras_transformer.ranking import top_k
 from keras_transformer.search import (DecodeResult, TargetPrefix, first_tokens,
                                       growing_shapes, output_limits, write_tokens)
@@ -180,9 +180,6 @@ def search_beams(step, state, max_lengths, width, beam_size=DecodeConfig.beam_si
             1 <= num_hypotheses <= beam_size):
         raise ValueError(f"num_hypotheses must be in 1..beam_size={beam_size}, "
                          f"got {num_hypotheses}")
-    if length_penalty not in LENGTH_PENALTIES:
-        raise ValueError(f"unknown length_penalty {length_penalty!r}; choose one of "
-                         f"{', '.join(LENGTH_PENALTIES)}")
     search = _Search(step, TargetPrefix.of(target_prefix), width, beam_size, alpha,
                      num_hypotheses, length_penalty)
     if fixed_shapes:
