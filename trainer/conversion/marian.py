@@ -138,12 +138,14 @@ def transformer_config(hf: dict, path: str) -> TransformerConfig:
         raise unsupported("an output projection untied from the embeddings is not supported")
     share = hf.get("share_encoder_decoder_embeddings", True)
     try:
+        encoder_layers = int(hf["encoder_layers"])
+        decoder_layers = int(hf.get("decoder_layers", encoder_layers))
         vocab_size = int(hf["vocab_size"])
         target_size = vocab_size if share else int(hf.get("decoder_vocab_size") or vocab_size)
         return TransformerConfig(
             vocab_size=target_size + 1, source_vocab_size=None if share else vocab_size + 1,
-            share_embeddings=share, num_layers=int(hf["encoder_layers"]),
-            num_decoder_layers=_other_depth(hf, "decoder_layers", "encoder_layers"),
+            share_embeddings=share, num_layers=encoder_layers,
+            num_decoder_layers=None if decoder_layers == encoder_layers else decoder_layers,
             d_model=int(hf["d_model"]), d_ff=int(hf["encoder_ffn_dim"]),
             num_heads=int(hf["encoder_attention_heads"]), dropout=float(hf.get("dropout", 0.1)),
             attention_dropout=float(hf.get("attention_dropout", 0.0)),
@@ -154,12 +156,6 @@ def transformer_config(hf: dict, path: str) -> TransformerConfig:
         raise ConversionError(f"{path}: {type(e).__name__} {e} (a Marian config.json has "
                               "vocab_size, d_model, encoder_layers, encoder_ffn_dim, "
                               "encoder_attention_heads)") from None
-
-
-def _other_depth(hf: dict, name: str, reference: str):
-    """hf[name] as an int when it differs from hf[reference], else None (the same)."""
-    depth = int(hf.get(name, hf[reference]))
-    return None if depth == int(hf[reference]) else depth
 
 
 class _Vocabulary:
