@@ -44,8 +44,8 @@ class CompiledStep:
 
 
 def translate_function(translator, compiled: bool):
-    """tf.string [batch] -> translations, with the export's search over the graph step or
-    the compiled one."""
+    """tf.string [batch] -> translations, with the export's search (beam_search's, with
+    every setting of its DecodeConfig) over the graph step or the compiled one."""
     from keras_transformer.beam import search_beams
     from keras_transformer.search import output_limits
     from keras_transformer.step import TransformerStep
@@ -55,12 +55,13 @@ def translate_function(translator, compiled: bool):
     def translate(inputs):
         source_ids = translator.source_ids(inputs)
         width, max_lengths = output_limits(source_ids, decode.max_extra_length,
-                                           model.config.max_length)
+                                           model.config.max_length, decode.max_length)
         step, state = TransformerStep.start(model, source_ids, width,
                                             beam_size=decode.beam_size,
                                             weights=translator.step_weights)
         result = search_beams(CompiledStep(step) if compiled else step, state, max_lengths,
-                              width, decode.beam_size, decode.alpha, num_hypotheses=1)
+                              width, decode.beam_size, decode.alpha, num_hypotheses=1,
+                              length_penalty=decode.length_penalty)
         return translator.best(source_ids, result)["translations"]
     return translate
 
