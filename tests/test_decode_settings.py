@@ -11,7 +11,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from conftest import QUICK, REPO, _env
+from conftest import QUICK, REPO, _env, run
 from keras_transformer import DecodeConfig
 
 pytestmark = pytest.mark.slow
@@ -19,11 +19,8 @@ pytestmark = pytest.mark.slow
 SEARCH_FLAGS = ["--beam_size=3", "--alpha=1.3", "--length_penalty=average"]
 
 
-def program(name, *flags, cwd=REPO):
-    result = subprocess.run([sys.executable, "-m", f"trainer.{name}", *flags], cwd=cwd,
-                            env=_env(), capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+def program(name, *flags):
+    return run([sys.executable, "-m", f"trainer.{name}", *flags], cwd=REPO, env=_env())
 
 
 def export_info(export_dir):
