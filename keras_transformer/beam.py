@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Optional
 import tensorflow as tf
 
 from keras_transformer.attention import ELEMENTWISE_MAX_ROWS
-from keras_transformer.config import DecodeConfig
+from keras_transformer.config import STOPPING_RULES, DecodeConfig
 from keras_transformer.ranking import top_k
 from keras_transformer.search import (DecodeResult, TargetPrefix, first_tokens,
                                       growing_shapes, output_limits, write_tokens)
@@ -36,14 +36,15 @@ from keras_transformer.step import TransformerStep
 def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=DecodeConfig.alpha,
                 extra_length=DecodeConfig.max_extra_length, use_cache=True,
                 num_hypotheses=None, target_prefix=None, fixed_shapes=False, step_weights=None,
-                shortlist=None, length_penalty=DecodeConfig.length_penalty, max_length=None):
+                shortlist=None, length_penalty=DecodeConfig.length_penalty, max_length=None,
+                stopping=DecodeConfig.stopping):
     """Beam search with a length penalty (section 6.1: Wu et al.'s, 2016).
 
     Each step extends every live beam by every token and keeps the 2 * beam_size
     best candidates: those ending in EOS enter the fixed-size set of finished
     hypotheses (ranked by log-prob / lp), the best beam_size others stay live (ranked
     by log-prob). A sentence is done when its first num_hypotheses finished are there
-    and no live beam can still enter them. The bound, for either length penalty
+    and no live beam can still enter them (stopping="exact"). The bound, for either length penalty
     (keras_transformer.search.length_penalty): a live beam of log-prob p <= 0 ends, if
     ever, at some length L up to the sentence's maximum, with a log-prob p' <= p (each
     token adds a log-prob <= 0; the EOS forced at the maximum adds 0), so it scores
@@ -52,6 +53,15 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
     num_hypotheses-th finished score is at least that, no live beam can enter the first
     num_hypotheses: the early exit never changes them. A done sentence leaves the batch (its
     rows are no longer computed), and the loop stops when no sentence is left.
+
+    stopping="transformers" searches as Hugging Face's generate() does by default
+    (early_stopping=False), which a converted checkpoint needs to translate as it does: a
+    step's finished hypotheses come only from its beam_size best candidates, and a
+    sentence is also done once its best live beam, scored at its current length, does not
+    beat the worst of its beam_size finished. That guess is not a bound (a live beam may
+    still end higher), so the n-best can be worse than the exact search's; the exact rule
+    still ends a sentence when it applies first, which changes nothing, since then no later
+    hypothesis could have entered the first num_hypotheses.
 
     With a target prefix, each sentence's search starts from the single hypothesis
     BOS + prefix, scored by teacher forcing: while a sentence is inside its prefix every
@@ -64,6 +74,7 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
       alpha: length penalty exponent (section 6.1: 0.6; 0 ranks by log-prob).
       length_penalty: the penalty's form, "gnmt" (the paper's, ((5 + |Y|) / 6)^alpha)
         or "average" (|Y|^alpha: Hugging Face, Marian, CTranslate2).
+      stopping: "exact" or "transformers" (keras_transformer.config.STOPPING_RULES), above.
       max_length: None, or the outputs' positions, BOS included (DecodeConfig.max_length):
         at most max_length - 1 tokens, below the model's own limit.
       extra_length: a sentence's output has at most (its non-pad source tokens +
@@ -122,7 +133,8 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
 
     def search(step):
         return search_beams(step, state, max_lengths, width, beam_size, alpha,
-                            num_hypotheses, target_prefix, fixed_shapes, length_penalty)
+                            num_hypotheses, target_prefix, fixed_shapes, length_penalty,
+                            stopping)
 
     if not use_cache or fixed_shapes:
         return search(step)
@@ -139,7 +151,8 @@ def beam_search(model, source_ids, beam_size=DecodeConfig.beam_size, alpha=Decod
 
 def search_beams(step, state, max_lengths, width, beam_size=DecodeConfig.beam_size,
                  alpha=DecodeConfig.alpha, num_hypotheses=None, target_prefix=None,
-                 fixed_shapes=False, length_penalty=DecodeConfig.length_penalty):
+                 fixed_shapes=False, length_penalty=DecodeConfig.length_penalty,
+                 stopping=DecodeConfig.stopping):
     """Beam search over any step (keras_transformer.search): `beam_search`'s search, the
     seam a faster step (int8, a vocabulary shortlist, fewer layers) plugs into.
 
@@ -148,8 +161,8 @@ def search_beams(step, state, max_lengths, width, beam_size=DecodeConfig.beam_si
         sentence's beams adjacent), and its first state.
       max_lengths: int32 [batch], each output's limit (EOS counted).
       width: the outputs' width, at least every max_lengths (a Python int for XLA).
-      beam_size, alpha, num_hypotheses, target_prefix, fixed_shapes, length_penalty: as
-        `beam_search`.
+      beam_size, alpha, num_hypotheses, target_prefix, fixed_shapes, length_penalty,
+        stopping: as `beam_search`.
     Returns:
       DecodeResult with beam = beam_size, hypotheses sorted by score.
 
@@ -180,8 +193,11 @@ def search_beams(step, state, max_lengths, width, beam_size=DecodeConfig.beam_si
             1 <= num_hypotheses <= beam_size):
         raise ValueError(f"num_hypotheses must be in 1..beam_size={beam_size}, "
                          f"got {num_hypotheses}")
+    if stopping not in STOPPING_RULES:
+        raise ValueError(f"unknown stopping {stopping!r}; choose one of "
+                         f"{', '.join(STOPPING_RULES)}")
     search = _Search(step, TargetPrefix.of(target_prefix), width, beam_size, alpha,
-                     num_hypotheses, length_penalty)
+                     num_hypotheses, length_penalty, stopping)
     if fixed_shapes:
         results = _fixed_shape_beam_search(search, max_lengths, state)
     else:
@@ -195,8 +211,8 @@ class _Search(NamedTuple):
     """What every step of one search reads and no step changes.
 
     step: the step of keras_transformer.search over the batch; prefix: a TargetPrefix
-    or None; width: the output width; beam_size, alpha, num_hypotheses and
-    length_penalty: as `beam_search` takes them."""
+    or None; width: the output width; beam_size, alpha, num_hypotheses, length_penalty
+    and stopping: as `beam_search` takes them."""
 
     step: Any
     prefix: Optional[TargetPrefix]
@@ -205,6 +221,7 @@ class _Search(NamedTuple):
     alpha: Any
     num_hypotheses: Any
     length_penalty: str
+    stopping: str
 
     def score(self, log_probs, length):
         """log_probs / lp(length): a finished hypothesis' score (section 6.1)."""
@@ -349,8 +366,11 @@ def _beam_step(search, i, rows, beams, finished, max_lengths, state):
                                          beam_size)
     beams = _Beams(tf.gather(top_seqs, keep, batch_dims=1), live_log_probs)
     parents = tf.gather(top_beams, keep, batch_dims=1) + beam_size * tf.range(n)[:, None]
-    finished = _add_finished(finished, top_seqs, tf.where(ends, top_log_probs, float("-inf")),
-                             i + 1, search)
+    finishing = ends
+    if search.stopping == "transformers":  # only the beam_size best candidates finish
+        finishing &= tf.range(2 * beam_size)[None, :] < beam_size
+    finished = _add_finished(finished, top_seqs,
+                             tf.where(finishing, top_log_probs, float("-inf")), i + 1, search)
     return beams, finished, parents, _done(finished, beams, i, max_lengths, search), state
 
 
@@ -375,7 +395,12 @@ def _done(finished, beams, i, max_lengths, search):
     # Best score a live beam can reach (the bound in beam_search's docstring): later
     # lengths only lower the log-prob, and the penalty grows with the length.
     best_live = search.score(beams.log_probs[:, 0], tf.maximum(i + 2, max_lengths))  # [n]
-    return finished.scores[:, search.num_hypotheses - 1] >= best_live
+    done = finished.scores[:, search.num_hypotheses - 1] >= best_live
+    if search.stopping == "transformers":
+        # generate()'s guess (early_stopping=False): the best live beam, of i + 1 tokens,
+        # scored at that length, against the worst of all beam_size finished.
+        done |= finished.scores[:, -1] >= search.score(beams.log_probs[:, 0], i + 1)
+    return done
 
 
 def _best_extensions(log_probs, live_log_probs, length, max_lengths, k):

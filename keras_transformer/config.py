@@ -20,6 +20,13 @@ SINUSOID_LAYOUTS = ("interleaved", "concatenated")
 # length_penalty): the paper's, of Wu et al. (2016), ((5 + length) / 6)^alpha, or
 # length^alpha, Hugging Face's, Marian's, CTranslate2's and fairseq's.
 LENGTH_PENALTIES = ("gnmt", "average")
+# When a beam search's sentence is done (keras_transformer.beam.beam_search): "exact", once
+# no live beam can still enter its n-best (the paper's search, never a worse n-best than
+# searching on), or "transformers", as Hugging Face's generate() stops by default
+# (early_stopping=False: once the best live beam, scored at its current length, does not
+# beat the worst of the beam_size finished; finished hypotheses only from the beam_size
+# best candidates of a step), which converted checkpoints use to translate as generate().
+STOPPING_RULES = ("exact", "transformers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +217,8 @@ class DecodeConfig:
       alpha: the length penalty's exponent (0: none).
       length_penalty: its form, one of LENGTH_PENALTIES: "gnmt", the paper's,
         ((5 + length) / 6) ** alpha; "average", length ** alpha (Hugging Face, Marian).
+      stopping: when a beam search's sentence is done, one of STOPPING_RULES: "exact"
+        (the paper's search) or "transformers" (as Hugging Face's generate() by default).
       max_extra_length: an output has at most the input's tokens + 1 + this many tokens,
         EOS included (and never more than the model's positions allow).
       max_length: None, or positions an output may take, the start token (BOS)
@@ -223,6 +232,7 @@ class DecodeConfig:
     beam_size: int = 4
     alpha: float = 0.6
     length_penalty: str = "gnmt"
+    stopping: str = "exact"
     max_extra_length: int = 50
     max_length: Optional[int] = None
     max_beam_size: int = 8
@@ -240,6 +250,9 @@ class DecodeConfig:
         if self.length_penalty not in LENGTH_PENALTIES:
             raise ValueError(f"unknown length_penalty {self.length_penalty!r}; choose one of "
                              f"{', '.join(LENGTH_PENALTIES)}")
+        if self.stopping not in STOPPING_RULES:
+            raise ValueError(f"unknown stopping {self.stopping!r}; choose one of "
+                             f"{', '.join(STOPPING_RULES)}")
 
     def to_dict(self) -> dict:
         """The fields as a JSON-ready dict; `from_dict` reads it back."""

@@ -290,6 +290,39 @@ def exhaustive_beam_search(next_log_probs, source, beam_size, alpha, max_length,
     return sorted(finished, key=lambda f: -f[1])[:beam_size]
 
 
+def transformers_beam_search(next_log_probs, source, beam_size, alpha, max_length,
+                             length_penalty="average"):
+    """Hugging Face Transformers' beam search of one sentence as generate() runs it by
+    default (early_stopping=False; transformers 5's GenerationMixin._beam_search), written
+    plainly: each step keeps the 2 * beam_size best candidates; of those ending in EOS,
+    only the beam_size best may enter the beam_size finished hypotheses; the best
+    beam_size others stay live; the sentence is done once beam_size are finished and the
+    best live beam's log-prob over the penalty of its own length does not beat the worst
+    finished score, or at max_length (where only EOS is allowed, scoring 0). Arguments
+    and result as `exhaustive_beam_search`'s."""
+    penalty = {"gnmt": lambda n: ((5 + n) / 6) ** alpha, "average": lambda n: n ** alpha}[
+        length_penalty]
+    live, finished = [((2,), 0.0)], []
+    for length in range(1, max_length + 1):
+        prefixes = np.array([ids for ids, _ in live], "int32")
+        log_softmax = next_log_probs(prefixes, np.repeat(source[None], len(live), 0))
+        log_softmax = log_softmax.numpy()[:, -1]
+        allowed = [EOS_ID] if length == max_length else [1] + list(range(EOS_ID, VOCAB))
+        candidates = sorted(((ids + (token,), log_prob + (row[token] if length < max_length
+                                                           else 0.0))
+                             for (ids, log_prob), row in zip(live, log_softmax)
+                             for token in allowed), key=lambda c: -c[1])[:2 * beam_size]
+        finished += [(ids[1:], log_prob / penalty(length))
+                     for ids, log_prob in candidates[:beam_size] if ids[-1] == EOS_ID]
+        finished = sorted(finished, key=lambda f: -f[1])[:beam_size]
+        live = [(ids, log_prob) for ids, log_prob in candidates if ids[-1] != EOS_ID]
+        live = live[:beam_size]
+        if not live or (len(finished) == beam_size and
+                        finished[-1][1] >= live[0][1] / penalty(length)):
+            break
+    return finished
+
+
 def next_log_probs_of(model):
     """(prefixes with BOS [n, t], sources [n, s]) -> log-softmax [n, t, vocab] of the
     token after each prefix position, by teacher forcing (`model.decode`)."""

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import VOCAB, exhaustive_beam_search
+from conftest import VOCAB, exhaustive_beam_search, transformers_beam_search
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, search_beams, search_single_path
 
 WIDTH = 6  # the outputs' width: every test's max_lengths are at most this
@@ -161,6 +161,48 @@ def test_the_early_exit_waits_for_a_live_beam_the_length_penalty_can_still_lift(
     assert found[0][0] == (4,) * (WIDTH - 1) + (EOS_ID,)
     assert found[0][1] == pytest.approx((-2.0 + (WIDTH - 2) * np.log(0.999)) / lp(WIDTH),
                                         rel=1e-5)
+
+
+@pytest.mark.parametrize("fixed_shapes", [False, True], ids=["growing", "fixed_shapes"])
+def test_the_transformers_stopping_rule_searches_as_generate_on_random_tables(fixed_shapes):
+    """stopping="transformers" gives the hypotheses of conftest's plain copy of
+    generate()'s beam search, which are not always the exact search's."""
+    differ = 0
+    for length_penalty, alpha in (("average", 1.0), ("average", 0.0), ("gnmt", 0.6)):
+        for seed in range(4):
+            step = TableStep(random_table(seed, sharpness=1.0))
+            max_lengths = [WIDTH, 4]
+            result = beams(step, max_lengths, beam_size=3, alpha=alpha,
+                           fixed_shapes=fixed_shapes, length_penalty=length_penalty,
+                           stopping="transformers")
+            for sentence, max_length in enumerate(max_lengths):
+                expected = transformers_beam_search(step.next_log_probs, np.zeros(1), 3, alpha,
+                                                    max_length, length_penalty)
+                found = hypotheses(result, sentence)
+                assert [ids for ids, _ in found] == [ids for ids, _ in expected], (
+                    length_penalty, seed, sentence)
+                np.testing.assert_allclose([s for _, s in found], [s for _, s in expected],
+                                           rtol=1e-5)
+                exact = exhaustive_beam_search(step.next_log_probs, np.zeros(1), 3, alpha,
+                                               max_length, length_penalty=length_penalty)
+                differ += [ids for ids, _ in exact] != [ids for ids, _ in expected]
+    assert differ > 0
+
+
+def test_the_transformers_stopping_rule_stops_on_a_guess_the_exact_one_does_not_take():
+    # After BOS: EOS 0.5, or 4 (0.4) then almost surely EOS. With length^1, EOS at once
+    # scores log 0.5 = -0.69; the live "4" scores log 0.4 = -0.92 at its length 1, which
+    # generate()'s guess takes as its best and stops, but it ends at -0.46 at length 2.
+    step = TableStep(table_favouring({(0, BOS_ID): {EOS_ID: 0.5, 4: 0.4},
+                                      (1, 4): {EOS_ID: 0.999}}))
+    found = {stopping: hypotheses(beams(step, [WIDTH], beam_size=1, alpha=1.0,
+                                        length_penalty="average", stopping=stopping))
+             for stopping in ("exact", "transformers")}
+    assert found["exact"] == [((4, EOS_ID), pytest.approx(np.log(0.4 * 0.999) / 2))]
+    assert found["transformers"] == [((EOS_ID,), pytest.approx(np.log(0.5)))]
+    with pytest.raises(ValueError, match="unknown stopping 'never'; choose one of exact, "
+                       "transformers"):
+        beams(step, [WIDTH], beam_size=1, stopping="never")
 
 
 def test_a_target_prefix_is_forced_scored_and_then_searched_on():

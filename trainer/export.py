@@ -16,7 +16,7 @@ import os
 
 from absl import flags
 
-from keras_transformer.config import LENGTH_PENALTIES, DecodeConfig
+from keras_transformer.config import LENGTH_PENALTIES, STOPPING_RULES, DecodeConfig
 from trainer import cli
 from trainer.serving import exporters
 from trainer.serving.shortlist import ShortlistChoice
@@ -44,6 +44,10 @@ flags.DEFINE_float("alpha", DecodeConfig.alpha, "SavedModel: length penalty expo
 flags.DEFINE_enum("length_penalty", DecodeConfig.length_penalty, LENGTH_PENALTIES, "SavedModel: "
                   "the length penalty's form: gnmt, the paper's ((5 + length) / 6)^alpha, or "
                   "average, length^alpha (Hugging Face, Marian, CTranslate2).")
+flags.DEFINE_enum("stopping", DecodeConfig.stopping, STOPPING_RULES, "SavedModel: when a "
+                  "sentence's beam search is done: exact, once no live beam can still enter "
+                  "its n-best, or transformers, as Hugging Face's generate() stops by "
+                  "default (a converted checkpoint's setting).")
 flags.DEFINE_integer("max_beam_size", DecodeConfig.max_beam_size, "SavedModel: the largest "
                      "beam_size (and number of samples) a client may ask of the "
                      "translate_with_options and sample signatures.")

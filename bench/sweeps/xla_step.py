@@ -61,7 +61,8 @@ def translate_function(translator, compiled: bool):
                                             weights=translator.step_weights)
         result = search_beams(CompiledStep(step) if compiled else step, state, max_lengths,
                               width, decode.beam_size, decode.alpha, num_hypotheses=1,
-                              length_penalty=decode.length_penalty)
+                              length_penalty=decode.length_penalty,
+                              stopping=decode.stopping)
         return translator.best(source_ids, result)["translations"]
     return translate
 

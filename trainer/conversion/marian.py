@@ -95,15 +95,17 @@ def generation_settings(input_dir: str, hf: dict) -> DecodeConfig:
     else Transformers' defaults (num_beams 1, length_penalty 1.0, max_length 20), as the
     DecodeConfig of the "average" length penalty (log-prob / length^length_penalty), whose
     outputs are limited by max_length alone, as Transformers limits them (max_extra_length
-    never binds first)."""
+    never binds first), searched with generate()'s stopping rule ("transformers", its
+    default early_stopping=False; a checkpoint's other early_stopping values are not
+    followed)."""
     path = os.path.join(input_dir, "generation_config.json")
     settings = {**hf, **(_read_json(path) if os.path.exists(path) else {})}
     try:
         max_length = int(settings.get("max_length") or 20)
         return DecodeConfig(beam_size=int(settings.get("num_beams") or 1),
                             alpha=float(settings.get("length_penalty", 1.0)),
-                            length_penalty="average", max_length=max_length,
-                            max_extra_length=max(max_length - 1, 0))
+                            length_penalty="average", stopping="transformers",
+                            max_length=max_length, max_extra_length=max(max_length - 1, 0))
     except (TypeError, ValueError) as e:
         raise ConversionError(f"{path if os.path.exists(path) else 'config.json'}: "
                               f"generation settings this project cannot use ({e})") from None

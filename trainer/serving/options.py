@@ -56,7 +56,7 @@ class OptionSignatures:
                              target_prefix=self.prefix_ids(target_prefix),
                              step_weights=self.step_weights, shortlist=self.shortlist,
                              length_penalty=self.decode.length_penalty,
-                             max_length=self.decode.max_length)
+                             max_length=self.decode.max_length, stopping=self.decode.stopping)
         return self._hypotheses(source_ids, result, num_hypotheses)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string),

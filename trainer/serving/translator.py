@@ -107,7 +107,7 @@ class Translator(OptionSignatures, tf.Module):
                            use_cache=self.use_cache, num_hypotheses=num_hypotheses,
                            step_weights=self.step_weights, shortlist=self.shortlist,
                            length_penalty=self.decode.length_penalty,
-                           max_length=self.decode.max_length)
+                           max_length=self.decode.max_length, stopping=self.decode.stopping)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def translate(self, inputs):

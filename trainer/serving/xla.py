@@ -59,5 +59,6 @@ class XlaRoute:
         return beam_search(self.translator.model, source_ids, beam_size=decode.beam_size,
                            alpha=decode.alpha, extra_length=decode.max_extra_length,
                            num_hypotheses=1, fixed_shapes=True,
-                           length_penalty=decode.length_penalty, max_length=decode.max_length)
+                           length_penalty=decode.length_penalty, max_length=decode.max_length,
+                           stopping=decode.stopping)
 
