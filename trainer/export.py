@@ -1,4 +1,4 @@
-"""python -m trainer.export --model_dir=DIR [--format=saved_model|ctranslate2]
+"""python -m trainer.export --model_dir=DIR [--format=saved_model|ctranslate2|marian]
 [--export_dir=DIR] [--export_weights=last|average|ema|best] [--average_last=N]
 [--serving_dtype=float32|bfloat16|int8] [--xla] [--shortlist=SRC,TGT]
 [--quantization=int8|...]: write a model directory's model for serving.
@@ -6,7 +6,9 @@
 --format=saved_model (the default) writes the next SavedModel version, for TF Serving or
 any TensorFlow program with tensorflow_text (layout and signatures:
 trainer/serving/saved_model.py). --format=ctranslate2 writes a CTranslate2 model directory
-(trainer/serving/ctranslate2.py; needs `pip install -e ".[ctranslate2]"`). The formats
+(trainer/serving/ctranslate2.py; needs `pip install -e ".[ctranslate2]"`).
+--format=marian writes a Hugging Face Marian checkpoint that Transformers loads
+(trainer/serving/marian.py), to publish on the Hub as OPUS-MT models are. The formats
 are listed in trainer/serving/exporters.py; each flag below fills the option of the same
 name of the formats that have one.
 """
@@ -24,10 +26,12 @@ from trainer.serving.shortlist import ShortlistChoice
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Model directory of python -m trainer.task.")
 flags.DEFINE_enum("format", "saved_model", tuple(exporters.FORMATS), "What to write: a SavedModel version "
-                  "(TF Serving) or a CTranslate2 model directory.")
+                  "(TF Serving), a CTranslate2 model directory, or a Hugging Face Marian "
+                  "checkpoint (Transformers' MarianMTModel).")
 flags.DEFINE_string("export_dir", None, "Where SavedModel versions go (default "
                     "saved_models/<name of model_dir>), or the CTranslate2 model directory "
-                    "(default saved_models/<name of model_dir>-ctranslate2-<quantization>).")
+                    "(default saved_models/<name of model_dir>-ctranslate2-<quantization>), "
+                    "or the Marian checkpoint (default saved_models/<name of model_dir>-marian).")
 flags.DEFINE_integer("average_last", 0, "Export the mean of the last N checkpoints "
                      "(paper: 5 for base, 20 for big); 0 exports the latest.")
 flags.DEFINE_enum("export_weights", None, ("last", "average", "ema", "best"), "Which "

@@ -35,7 +35,7 @@ output projection, other activations.
 
 import json
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -252,44 +252,54 @@ def _assign(model: Transformer, weights: _Weights, config: TransformerConfig,
     bias = weights.get("final_logits_bias", (1, rows), required=False)
     bias = np.zeros(rows, np.float32) if bias is None else bias[0]
     model.embedding.bias.assign(np.concatenate([[ABSENT_BIAS], bias[target.order[1:]]]))
-    for i, layer in enumerate(model.encoder.layers):
-        _attention(weights, f"encoder.layers.{i}.self_attn", layer.self_attention, d)
-        _layer_norm(weights, f"encoder.layers.{i}.self_attn_layer_norm",
-                    layer.self_attention_residual, d)
-        _feed_forward(weights, f"encoder.layers.{i}", layer, config)
-    for i, layer in enumerate(model.decoder.layers):
-        _attention(weights, f"decoder.layers.{i}.self_attn", layer.self_attention, d)
-        _layer_norm(weights, f"decoder.layers.{i}.self_attn_layer_norm",
-                    layer.self_attention_residual, d)
-        _attention(weights, f"decoder.layers.{i}.encoder_attn", layer.cross_attention, d)
-        _layer_norm(weights, f"decoder.layers.{i}.encoder_attn_layer_norm",
-                    layer.cross_attention_residual, d)
-        _feed_forward(weights, f"decoder.layers.{i}", layer, config)
+    for name, variable, torch_layout in layer_tensors(model):
+        shape = tuple(variable.shape)
+        tensor = weights.get(name, shape[::-1] if torch_layout.transposed else shape)
+        variable.assign(tensor.T if torch_layout.transposed else tensor)
 
 
-def _linear(weights: _Weights, name: str, dense, inputs: int, outputs: int):
-    """torch Linear weight [out, in] and bias [out] -> Dense kernel [in, out] and bias."""
-    dense.kernel.assign(weights.get(f"{name}.weight", (outputs, inputs)).T)
-    dense.bias.assign(weights.get(f"{name}.bias", (outputs,)))
+class TorchLayout(NamedTuple):
+    """How a Marian tensor holds one of our variables: transposed (a torch Linear's
+    weight [out, in] is a Dense kernel [in, out]), and which of its axes, if any, runs
+    over the model's width d_model (what trainer/serving/marian.py permutes)."""
+
+    transposed: bool
+    width_axis: Optional[int]
 
 
-def _attention(weights: _Weights, name: str, attention, d: int):
-    for projection, dense in (("q_proj", attention.query_dense), ("k_proj", attention.key_dense),
-                              ("v_proj", attention.value_dense),
-                              ("out_proj", attention.output_dense)):
-        _linear(weights, f"{name}.{projection}", dense, d, d)
+def layer_tensors(model: Transformer) -> List[Tuple[str, object, TorchLayout]]:
+    """(Marian tensor name without MarianMTModel's "model.", our variable, its
+    TorchLayout) of every weight of the encoder's and decoder's layers: the one map the
+    conversion and the export back to Marian (trainer/serving/marian.py) both read."""
+    tensors = []
 
+    def linear(name, dense, width_axis):  # torch [out, in]: the input is axis 1
+        tensors.append((f"{name}.weight", dense.kernel, TorchLayout(True, width_axis)))
+        tensors.append((f"{name}.bias", dense.bias,
+                        TorchLayout(False, 0 if width_axis == 0 else None)))
 
-def _layer_norm(weights: _Weights, name: str, residual, d: int):
-    residual.layer_norm.gamma.assign(weights.get(f"{name}.weight", (d,)))
-    residual.layer_norm.beta.assign(weights.get(f"{name}.bias", (d,)))
+    def attention(name, layer):
+        for projection, dense in (("q_proj", layer.query_dense), ("k_proj", layer.key_dense),
+                                  ("v_proj", layer.value_dense)):
+            linear(f"{name}.{projection}", dense, 1)
+        linear(f"{name}.out_proj", layer.output_dense, 0)
 
+    def layer_norm(name, residual):
+        tensors.append((f"{name}.weight", residual.layer_norm.gamma, TorchLayout(False, 0)))
+        tensors.append((f"{name}.bias", residual.layer_norm.beta, TorchLayout(False, 0)))
 
-def _feed_forward(weights: _Weights, name: str, layer, config: TransformerConfig):
-    _linear(weights, f"{name}.fc1", layer.feed_forward.inner, config.d_model, config.d_ff)
-    _linear(weights, f"{name}.fc2", layer.feed_forward.outer, config.d_ff, config.d_model)
-    _layer_norm(weights, f"{name}.final_layer_norm", layer.feed_forward_residual,
-                config.d_model)
+    for stack, layers in (("encoder", model.encoder.layers), ("decoder", model.decoder.layers)):
+        for i, layer in enumerate(layers):
+            name = f"{stack}.layers.{i}"
+            attention(f"{name}.self_attn", layer.self_attention)
+            layer_norm(f"{name}.self_attn_layer_norm", layer.self_attention_residual)
+            if stack == "decoder":
+                attention(f"{name}.encoder_attn", layer.cross_attention)
+                layer_norm(f"{name}.encoder_attn_layer_norm", layer.cross_attention_residual)
+            linear(f"{name}.fc1", layer.feed_forward.inner, 1)
+            linear(f"{name}.fc2", layer.feed_forward.outer, 0)
+            layer_norm(f"{name}.final_layer_norm", layer.feed_forward_residual)
+    return tensors
 
 
 def _write(directory: str, model: Transformer, config: TransformerConfig,

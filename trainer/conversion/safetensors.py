@@ -1,5 +1,5 @@
-"""Reads a .safetensors file (Hugging Face's tensor format) into NumPy arrays, without
-torch.
+"""Reads a .safetensors file (Hugging Face's tensor format) into NumPy arrays, and writes
+float32 ones, without torch.
 
 The format: an 8-byte little-endian header size n, n bytes of JSON mapping each tensor's
 name to its dtype, shape and [begin, end) byte offsets in the data that follows (and an
@@ -71,3 +71,23 @@ def _tensor(path: str, name: str, entry: dict, data: bytes) -> np.ndarray:
     if dtype == "BF16":  # the high half of a float32
         return (array.astype(np.uint32) << 16).view(np.float32)
     return array.astype(np.float32) if array.dtype.kind == "f" else array.copy()
+
+
+def save(path: str, tensors: Dict[str, np.ndarray]):
+    """Writes `tensors` {name: array} to `path` as float32, in name order, as torch's
+    safetensors files are (metadata {"format": "pt"}, the header padded with spaces to a
+    multiple of 8 bytes)."""
+    header, offset, arrays = {"__metadata__": {"format": "pt"}}, 0, []
+    for name in sorted(tensors):
+        array = np.ascontiguousarray(tensors[name], dtype="<f4")
+        header[name] = {"dtype": "F32", "shape": list(array.shape),
+                        "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+        arrays.append(array)
+    encoded = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as f:
+        f.write(len(encoded).to_bytes(8, "little"))
+        f.write(encoded)
+        for array in arrays:
+            f.write(array.tobytes())

@@ -40,7 +40,7 @@ def load_or_train(model_dir: str,
         SentencePiece model(s).
       sentences: called only when training is needed; returns (source sentences,
         target sentences), the sample to learn from. None: the vocabulary must exist
-        (serving a trained model).
+        (serving a trained model), shared or separate, whatever `separate` says.
       vocab_size: pieces per vocabulary; None = `default_size`. When a vocabulary
         already exists, a given size must match it.
       separate: separate source and target vocabularies instead of a shared one.
@@ -59,6 +59,8 @@ def load_or_train(model_dir: str,
     has_separate = all(separate_found)
     if any(separate_found) and not has_separate:
         raise VocabularyError(f"{model_dir} has only one of {SOURCE_MODEL} and {TARGET_MODEL}")
+    if sentences is None:  # serving a trained model: whichever kind it has
+        separate = has_separate
     if separate and has_shared:
         raise VocabularyError(f"{shared_path} is a shared vocabulary but separate ones were asked "
                               "for; use another model_dir or drop the separate option")

@@ -13,6 +13,7 @@ import importlib
 FORMATS = {
     "saved_model": "trainer.serving.saved_model",  # TF Serving, any TF program
     "ctranslate2": "trainer.serving.ctranslate2",  # CTranslate2's CPU kernels
+    "marian": "trainer.serving.marian",  # Hugging Face Transformers, back to the Hub
 }
 
 
