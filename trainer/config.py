@@ -36,6 +36,9 @@ class DataConfig:
       separate_vocabularies: a source and a target vocabulary instead of the shared one
         of section 5.1.
       subword_model: "bpe" (the paper's byte-pair encoding) or "unigram".
+      normalize_punctuation: None, or a language code: Moses' punctuation rules for it
+        normalize every source text before SentencePiece, in training and in every
+        program after (stored in the model directory: trainer/data/vocabulary.py).
       spm_model: an existing SentencePiece model to use instead of training one (its
         pad/unk/bos/eos ids 0-3, as this project trains them), or two: the source's and
         the target's; copied into the model directory when it has no vocabulary yet.
@@ -66,6 +69,7 @@ class DataConfig:
     vocab_size: Optional[int] = None
     separate_vocabularies: bool = False
     subword_model: str = "bpe"
+    normalize_punctuation: Optional[str] = None
     spm_model: Optional[Tuple[str, ...]] = None
     subword_sampling: float = 0.0
     vocab_sample_pairs: int = 1_000_000

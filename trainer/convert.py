@@ -20,6 +20,12 @@ flags.DEFINE_enum("from", "marian", tuple(FORMATS), "The input's format: marian,
                   "Hugging Face MarianMTModel checkpoint (the OPUS-MT models).")
 flags.DEFINE_string("input", None, "The downloaded checkpoint's directory.")
 flags.DEFINE_string("model_dir", None, "The model directory to write (new, or empty).")
+flags.DEFINE_string("normalize_punctuation", None, "A language code (the checkpoint's "
+                    "source language, e.g. en): normalize every input with Moses' "
+                    "punctuation rules for it before SentencePiece, as OPUS-MT's training "
+                    "data was; stored in the model directory. Default: none, as Hugging "
+                    "Face's MarianTokenizer tokenizes (Transformers 5.24 does not apply its "
+                    "normalizer).")
 
 
 def main(argv):
@@ -29,7 +35,8 @@ def main(argv):
             cli.fail(f"--{name} is required")
     module = converter(FLAGS["from"].value)
     try:
-        config = module.convert(FLAGS.input, FLAGS.model_dir)
+        config = module.convert(FLAGS.input, FLAGS.model_dir,
+                                normalize_punctuation=FLAGS.normalize_punctuation)
     except (ConversionError, OSError) as e:
         cli.fail(str(e))
     vocabulary = (f"{config.vocab_size} pieces" if config.share_embeddings else

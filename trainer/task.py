@@ -45,6 +45,11 @@ flags.DEFINE_integer("vocab_size", DataConfig.vocab_size, "SentencePiece vocabul
                      "(default: sized to the corpus, about 37000 for WMT-sized data).")
 flags.DEFINE_bool("separate_vocabularies", DataConfig.separate_vocabularies,
                   "Separate source and target vocabularies.")
+flags.DEFINE_string("normalize_punctuation", DataConfig.normalize_punctuation, "A language "
+                    "code (en, de, fr, ...): normalize every source text with Moses' "
+                    "punctuation rules for that language (sacremoses' MosesPunctNormalizer), "
+                    "in training and in the model's exports; stored in the model directory. "
+                    "Default: none.")
 flags.DEFINE_enum("subword_model", DataConfig.subword_model, SUBWORD_MODELS,
                   "SentencePiece model: byte-pair encoding (the paper's) or unigram.")
 flags.DEFINE_list("spm_model", None, "An existing SentencePiece model to train on instead "

@@ -1,7 +1,8 @@
 """Pretrained models of other toolkits as model directories of this project
 (`python -m trainer.convert --from=NAME`). Each format is a module with
 
-  convert(input_dir, model_dir) -> TransformerConfig   writes model_dir whole, or nothing
+  convert(input_dir, model_dir, normalize_punctuation=None) -> TransformerConfig
+                                                     writes model_dir whole, or nothing
   DESCRIPTION                                          what it reads, for --help
 
 A new format is a module with these two names and a line below.

@@ -56,9 +56,12 @@ _TOP_LEVEL = ("lm_head.weight", "final_logits_bias")
 PICKLED_WEIGHTS = "pytorch_model.bin"
 
 
-def convert(input_dir: str, model_dir: str) -> TransformerConfig:
+def convert(input_dir: str, model_dir: str,
+            normalize_punctuation: Optional[str] = None) -> TransformerConfig:
     """Writes the Marian checkpoint in input_dir as model directory model_dir (whole, or
-    not at all); returns the model's config.
+    not at all); returns the model's config. normalize_punctuation: None, or a language
+    code whose Moses punctuation rules the model directory applies to every input
+    (trainer/data/vocabulary.py's NORMALIZATION; MarianTokenizer does not).
 
     Raises:
       ConversionError: a missing or damaged file, an architecture this project cannot
@@ -81,6 +84,7 @@ def convert(input_dir: str, model_dir: str) -> TransformerConfig:
             vocabularies)
     with files.staged_directory(os.path.dirname(os.path.abspath(model_dir))) as staging:
         _write(staging.path, model, config, decode, input_dir, vocabularies)
+        vocabulary.save_punctuation_language(staging.path, normalize_punctuation)
         try:
             staging.publish(model_dir.rstrip("/"))  # into an empty model_dir, checked above
         except FileExistsError:

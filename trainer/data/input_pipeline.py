@@ -77,7 +77,7 @@ def _encode(tokenizers: tokenizer_lib.Tokenizers, source: tf.Tensor, target: tf.
     """
     batch = tf.shape(source)[:1]
     eos = tf.RaggedTensor.from_tensor(tf.fill(tf.concat([batch, [1]], 0), EOS_ID))
-    return (tf.concat([tokenizers.source.tokenize(source, sampling), eos], axis=1),
+    return (tf.concat([tokenizers.source_ids(source, sampling), eos], axis=1),
             tf.concat([tokenizers.target.tokenize(target, sampling), eos], axis=1))
 
 
@@ -332,7 +332,8 @@ def build(source: sources_lib.Source, model_dir: str, config: DataConfig = DataC
         model_dir, lambda: source.texts("train", config.vocab_sample_pairs),
         vocab_size=config.vocab_size,
         separate=config.separate_vocabularies or len(config.spm_model or ()) == 2,
-        model_type=config.subword_model, default_size=source.vocab_size)
+        model_type=config.subword_model, default_size=source.vocab_size,
+        normalize_punctuation=config.normalize_punctuation)
     train = [cached_counts(corpus, tokenizers, config.max_len, model_dir) for corpus in corpora]
     counts = {"train": sum(train[1:], train[0]),
               eval_split: count_split(source.pairs(eval_split), tokenizers, config.max_len)}

@@ -39,8 +39,9 @@ import tensorflow_text as tf_text
 from tensorflow_text.python.ops import sentencepiece_tokenizer as tf_text_sentencepiece
 
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from trainer.model_dir import files
 from trainer.config import SUBWORD_MODELS
+from trainer.data import punctuation
+from trainer.model_dir import files
 
 # The paper's shared en-de vocabulary (section 5.1).
 PAPER_VOCAB_SIZE = 37000
@@ -278,10 +279,21 @@ class Tokenizer(tf.Module):
 
 @dataclasses.dataclass(frozen=True)
 class Tokenizers:
-    """The source and target tokenizers; the same object when the vocabulary is shared."""
+    """The source and target tokenizers; the same object when the vocabulary is shared.
+
+    normalize_punctuation: None, or the language code whose Moses punctuation rules
+    (trainer/data/punctuation.py) normalize every source text before SentencePiece."""
 
     source: Tokenizer
     target: Tokenizer
+    normalize_punctuation: Optional[str] = None
+
+    def source_ids(self, strings, sampling: float = 0.0) -> tf.RaggedTensor:
+        """The source's ids of strings tf.string [batch] (see `Tokenizer.tokenize`),
+        normalized first when normalize_punctuation says so."""
+        if self.normalize_punctuation:
+            strings = punctuation.normalize(strings, self.normalize_punctuation)
+        return self.source.tokenize(strings, sampling)
 
     @property
     def shared(self) -> bool:

@@ -8,14 +8,21 @@ A converted model (trainer.convert, e.g. from OPUS-MT) keeps its own SentencePie
 models, which segment but do not number: `vocabulary.json` beside them lists the model's
 pieces in id order, for the source and the target (trainer/data/tokenizer.py applies
 them).
+
+`normalization.json`, when present, names the language whose Moses punctuation rules
+(trainer/data/punctuation.py) normalize every source text before SentencePiece, in
+training and in every program after (`--normalize_punctuation` of trainer.task and
+trainer.convert).
 """
 
+import dataclasses
 import json
 import os
 from typing import Callable, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
+from trainer.data import punctuation
 from trainer.data.tokenizer import Tokenizer, Tokenizers, VocabularyError, train_sentencepiece
 from trainer.model_dir import files
 
@@ -23,8 +30,11 @@ SHARED_MODEL = "spm.model"
 SOURCE_MODEL = "spm_source.model"
 TARGET_MODEL = "spm_target.model"
 VOCABULARY = "vocabulary.json"
+# {"punctuation": a language code}: Moses' punctuation rules for that language normalize
+# every source text before SentencePiece (absent: none).
+NORMALIZATION = "normalization.json"
 # Every file a model directory's vocabulary may have.
-_FILES = (SHARED_MODEL, SOURCE_MODEL, TARGET_MODEL, VOCABULARY)
+_FILES = (SHARED_MODEL, SOURCE_MODEL, TARGET_MODEL, VOCABULARY, NORMALIZATION)
 
 
 def load_or_train(model_dir: str,
@@ -32,7 +42,75 @@ def load_or_train(model_dir: str,
                   vocab_size: Optional[int] = None,
                   separate: bool = False,
                   model_type: str = "bpe",
-                  default_size: Optional[int] = None) -> Tokenizers:
+                  default_size: Optional[int] = None,
+                  normalize_punctuation: Optional[str] = None) -> Tokenizers:
+    """Loads the vocabulary from `model_dir`, or trains and saves it there, with the
+    directory's punctuation normalization (NORMALIZATION).
+
+    Args: as `_load_or_train`'s, and
+      normalize_punctuation: None (whatever the directory says), or a language code: its
+        Moses punctuation rules normalize every source text (trainer/data/punctuation.py),
+        for a new vocabulary (trained on normalized source text) and in every program
+        after, since the directory then says so. A directory whose vocabulary exists
+        without it, or with another language, refuses it.
+    """
+    stored = punctuation_language(model_dir)
+    if normalize_punctuation and normalize_punctuation != stored and (
+            stored or has_vocabulary(model_dir)):
+        raise VocabularyError(
+            f"{model_dir}'s vocabulary normalizes punctuation "
+            f"{'as ' + repr(stored) if stored else 'not at all'}, not as "
+            f"{normalize_punctuation!r}; use a new model directory")
+    language = stored or normalize_punctuation
+    if language and sentences is not None:
+        raw = sentences
+        sentences = lambda: _normalized(raw(), language)  # noqa: E731
+    tokenizers = _load_or_train(model_dir, sentences, vocab_size, separate, model_type,
+                                default_size)
+    if language and not stored:
+        save_punctuation_language(model_dir, language)
+    return dataclasses.replace(tokenizers, normalize_punctuation=language)
+
+
+def punctuation_language(model_dir: str) -> Optional[str]:
+    """The language whose punctuation rules normalize the directory's source texts, or
+    None (NORMALIZATION absent: none)."""
+    path = os.path.join(model_dir, NORMALIZATION)
+    if not tf.io.gfile.exists(path):
+        return None
+    try:
+        with tf.io.gfile.GFile(path) as f:
+            return json.load(f)["punctuation"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise VocabularyError(f"{path} is damaged ({type(e).__name__}): restore it from a "
+                              "copy") from None
+
+
+def save_punctuation_language(model_dir: str, language: Optional[str]):
+    """Writes NORMALIZATION: the directory's source texts are normalized as `language`'s
+    (None: the file is not written)."""
+    if language:
+        tf.io.gfile.makedirs(model_dir)
+        files.write_atomically(os.path.join(model_dir, NORMALIZATION),
+                               json.dumps({"punctuation": language}))
+
+
+def _normalized(pairs: Tuple[Sequence[str], Sequence[str]], language: str):
+    """(source sentences normalized as `language`'s, target sentences)."""
+    source, target = pairs
+    normalized = []
+    for start in range(0, len(source), 10000):
+        batch = punctuation.normalize(tf.constant(list(source[start:start + 10000])), language)
+        normalized.extend(text.decode("utf-8") for text in batch.numpy())
+    return normalized, target
+
+
+def _load_or_train(model_dir: str,
+                   sentences: Optional[Callable[[], Tuple[Sequence[str], Sequence[str]]]],
+                   vocab_size: Optional[int] = None,
+                   separate: bool = False,
+                   model_type: str = "bpe",
+                   default_size: Optional[int] = None) -> Tokenizers:
     """Loads the vocabulary from `model_dir`, or trains and saves it there.
 
     Args:

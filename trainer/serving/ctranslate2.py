@@ -85,6 +85,11 @@ def export(model_dir: str, export_dir: str, options: Options = Options()) -> str
                                         model.config.vocab_size)
     path = write(model, tokenizers, export_dir, options.quantization, shortlist)
     print(search_note(layout.load_decode(model_dir)), file=sys.stderr, flush=True)
+    if tokenizers.normalize_punctuation:
+        print(f"CTranslate2's clients tokenize: normalize inputs with Moses' punctuation "
+              f"rules first, as this model directory does "
+              f"(sacremoses.MosesPunctNormalizer({tokenizers.normalize_punctuation!r}))",
+              file=sys.stderr, flush=True)
     return path
 
 

@@ -84,7 +84,7 @@ def export(model_dir: str, export_dir: str, options: Options = Options()) -> str
     with files.staged_directory(os.path.dirname(os.path.abspath(export_dir))) as staging:
         write(model, tokenizers, decode, staging.path)
         staging.publish(os.path.abspath(export_dir).rstrip("/"), replace=True)
-    for note in notes(config, decode):
+    for note in notes(config, decode, tokenizers.normalize_punctuation):
         print(note, file=sys.stderr, flush=True)
     return export_dir
 
@@ -101,9 +101,14 @@ def unexpressible(config: TransformerConfig) -> str:
     return ""
 
 
-def notes(config: TransformerConfig, decode: DecodeConfig) -> List[str]:
+def notes(config: TransformerConfig, decode: DecodeConfig,
+          normalize_punctuation: Optional[str] = None) -> List[str]:
     """One line for each setting the checkpoint takes otherwise than the model directory."""
     lines = []
+    if normalize_punctuation:
+        lines.append(f"MarianTokenizer does not normalize punctuation, as this model directory "
+                     f"does ({normalize_punctuation!r}): normalize inputs first "
+                     f"(sacremoses.MosesPunctNormalizer({normalize_punctuation!r}))")
     if config.layer_norm_epsilon != MARIAN_EPSILON:
         lines.append(f"Marian's layer norms add {MARIAN_EPSILON:g} to the variance where this "
                      f"model's add {config.layer_norm_epsilon:g}: its logits differ slightly")

@@ -30,6 +30,7 @@ import tensorflow as tf
 from keras_transformer import (DecodeConfig, Transformer, beam_search, length_penalty,
                                sequence_log_probs, shift_right)
 from keras_transformer.special_ids import EOS_ID, PAD_ID, UNK_ID
+from trainer.data import punctuation
 from trainer.data.tokenizer import Tokenizers
 from trainer.serving.options import OptionSignatures
 
@@ -63,13 +64,18 @@ class Translator(OptionSignatures, tf.Module):
         self.shortlist = shortlist
         self.source_tokenizer = tokenizers.source
         self.target_tokenizer = tokenizers.target
+        self.normalize_punctuation = tokenizers.normalize_punctuation
         self.decode = decode
         self.use_cache = use_cache
 
     def source_ids(self, inputs):
         """tf.string [batch] -> int32 [batch, src_len]: pieces + EOS, 0-padded, truncated so
-        that the model's positions suffice; an empty input becomes an all-padding row."""
-        pieces = self.source_tokenizer.tokenize(_valid_utf8(inputs))
+        that the model's positions suffice; an empty input becomes an all-padding row.
+        The model directory's punctuation normalization, if any, runs first."""
+        inputs = _valid_utf8(inputs)
+        if self.normalize_punctuation:
+            inputs = punctuation.normalize(inputs, self.normalize_punctuation)
+        pieces = self.source_tokenizer.tokenize(inputs)
         pieces = pieces[:, :self.model.config.max_length - 1]
         eos = tf.fill(tf.stack([pieces.nrows(), 1]), EOS_ID)
         ids = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1)
