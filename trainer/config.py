@@ -171,6 +171,8 @@ class RunConfig:
         at least early_stopping_min_delta in the keep_best metric (BLEU without one), then
         export; 0: never. Resuming keeps the best score and the count.
       early_stopping_min_delta: the smallest change that counts as an improvement.
+      force_unlock: take over the model directory's lock even when another host's trainer
+        holds it (trainer/model_dir/lock.py; that trainer must be gone).
       init_from: another model directory (a trained or a converted one) whose newest
         checkpoint's weights a new run starts from, with that model's vocabulary and
         architecture and a fresh optimizer and schedule (fine-tuning); None: random
@@ -197,6 +199,7 @@ class RunConfig:
     max_train_minutes: float = 0.0
     average_last: int = 0
     init_from: Optional[str] = None
+    force_unlock: bool = False
     keep_best: Optional[str] = None
     early_stopping: int = 0
     early_stopping_min_delta: float = 0.0

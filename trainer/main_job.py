@@ -7,6 +7,7 @@ above the training and serving rooms because it uses both: it trains, then expor
     translated through the export
 """
 
+import contextlib
 import dataclasses
 from typing import Callable, Optional
 
@@ -18,7 +19,7 @@ from trainer.config import DataConfig, RunConfig
 from trainer.data import input_pipeline, sources
 from trainer.data import vocabulary
 from trainer.data.tokenizer import Tokenizers
-from trainer.model_dir import layout
+from trainer.model_dir import layout, lock
 from trainer.model_dir.ema import MovingAverage
 from trainer.model_dir.weights import WeightsChoice
 from trainer.serving import client, saved_model
@@ -86,10 +87,20 @@ def train_and_export(model_config: TransformerConfig, data_config: DataConfig, r
     export, logs the export's translation of the source's example sentence
     (`Source.example`). Returns the export's path (None without run.export_dir, or on
     another worker than the chief). Raises DataError, VocabularyError or ValueError (the data or model
-    directory cannot serve this run) before training, TrainingError during it.
+    directory cannot serve this run, or another trainer holds its lock) before training,
+    TrainingError during it.
     """
     strategy = distribute.make_strategy(run.num_cpu_replicas)
     run = dataclasses.replace(run, precision=run.precision or distribute.default_precision())
+    # One trainer per model directory (the chief's lock), from before its first write.
+    with (lock.held(run.model_dir, run.force_unlock) if distribute.is_chief()
+          else contextlib.nullcontext()):
+        return _train_and_export(model_config, data_config, run, strategy, log)
+
+
+def _train_and_export(model_config: TransformerConfig, data_config: DataConfig, run: RunConfig,
+                      strategy, log: Callable[[str], None]) -> Optional[str]:
+    """`train_and_export`'s run, under the model directory's lock."""
     keras.utils.set_random_seed(run.seed)
     source = sources.select(data_config)
     if run.init_from and not tf.train.latest_checkpoint(run.model_dir):

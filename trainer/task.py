@@ -126,6 +126,10 @@ flags.DEFINE_integer("early_stopping", RunConfig.early_stopping, "Stop after thi
                      "without it) of at least --early_stopping_min_delta, then export; 0: never.")
 flags.DEFINE_float("early_stopping_min_delta", RunConfig.early_stopping_min_delta,
                    "The smallest change of the metric that counts as an improvement.")
+flags.DEFINE_bool("force_unlock", RunConfig.force_unlock, "Take over the model directory's "
+                  "lock (trainer.lock) even when a trainer on another host holds it; that "
+                  "trainer must be gone. A lock of this host's whose process is gone is taken "
+                  "over without it.")
 flags.DEFINE_string("init_from", None, "Start from another model directory's weights (a "
                     "trained one, or one of python -m trainer.convert): its vocabulary and "
                     "architecture, a new step count, a fresh optimizer and schedule "
