@@ -5,14 +5,20 @@ them takes plain arguments.
 """
 
 import dataclasses
+import errno
 import os
+import re
+import shutil
 import sys
 import time
-from typing import BinaryIO, Callable, List
+from typing import BinaryIO, Callable, List, Optional
 
 from absl import app, flags
 
 from trainer import console
+
+# The status of a program stopped by a full disk: ENOSPC's number.
+NO_SPACE_STATUS = errno.ENOSPC
 
 
 def program() -> str:
@@ -61,9 +67,51 @@ def run(main: Callable[[List[str]], None]):
             fail(f"unexpected arguments {argv[1:]}")
         if not console.verbose_requested(flags.FLAGS["verbosity"].present):
             console.quiet()
-        main(argv)
+        try:
+            main(argv)
+        except Exception as e:  # noqa: BLE001 (a full disk, whatever wrote; others re-raised)
+            path = no_space(e)
+            if path is None:
+                raise
+            fail(f"no space left on device writing {remove_unfinished(path)} (removed); the "
+                 "files written before it are intact", status=NO_SPACE_STATUS)
 
     app.run(checked_main, flags_parser=parse)
+
+
+def no_space(error: BaseException) -> Optional[str]:
+    """The path of the write that ran out of disk space, if that is what `error` (or an
+    error that led to it) says: an OSError ENOSPC, or TensorFlow's ResourceExhaustedError
+    "<path>; No space left on device" (a checkpoint's SaveV2); else None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return str(error.filename or "?")
+        match = re.search(r"(\S+); No space left on device", str(error))
+        if match:
+            return match.group(1)
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def remove_unfinished(path: str) -> str:
+    """Removes what a failed write of `path` left: TensorFlow's checkpoint staging
+    directory (<prefix>_temp), a staging directory or a temporary file of
+    trainer/model_dir/files.py (.tmp-<uuid>), or the file itself. Returns what it
+    removed."""
+    parts = path.split(os.sep)
+    for i, part in enumerate(parts):
+        if part.endswith("_temp") or part.startswith(".tmp-") or ".tmp-" in part:
+            unfinished = os.sep.join(parts[:i + 1])
+            break
+    else:
+        unfinished = path
+    if os.path.isdir(unfinished):
+        shutil.rmtree(unfinished, ignore_errors=True)
+    elif os.path.exists(unfinished):
+        os.remove(unfinished)
+    return unfinished
 
 
 def config_from_flags(cls, **given):
