@@ -20,9 +20,14 @@ def write_atomically(path: str, contents: Union[str, bytes]):
     # (python -m trainer.data.multi30k) starts without TensorFlow
 
     temporary = f"{path}.tmp-{uuid.uuid4().hex}"
-    with tf.io.gfile.GFile(temporary, "wb" if isinstance(contents, bytes) else "w") as f:
-        f.write(contents)
-    tf.io.gfile.rename(temporary, path, overwrite=True)
+    try:
+        with tf.io.gfile.GFile(temporary, "wb" if isinstance(contents, bytes) else "w") as f:
+            f.write(contents)
+        tf.io.gfile.rename(temporary, path, overwrite=True)
+    except BaseException:  # a full disk, say: no temporary file left behind
+        if tf.io.gfile.exists(temporary):
+            tf.io.gfile.remove(temporary)
+        raise
 
 
 class StagingDirectory:
