@@ -67,21 +67,32 @@ def test_a_converted_model_exports_to_the_tensors_it_was_converted_from(name, tm
 @pytest.fixture(scope="module")
 def trained(exported, tmp_path_factory):
     """{"shared": the session's trained model directory (conftest's `exported`, 30 steps),
-    "separate": one with separate vocabularies, trained for 200 steps (47 s), whose
+    "separate": one with separate vocabularies, trained for 100 steps (24 s), whose
     translations end by themselves at different lengths}."""
     root = tmp_path_factory.mktemp("separate")
-    run([sys.executable, "-m", "trainer.task", "--train_steps=200", "--warmup_steps=100",
-         "--eval_every=0", "--checkpoint_every=200", "--log_every=200",
+    run([sys.executable, "-m", "trainer.task", "--train_steps=100", "--warmup_steps=50",
+         "--eval_every=0", "--checkpoint_every=100", "--log_every=100",
          "--separate_vocabularies", "--vocab_size=300", f"--model_dir={root / 'model'}",
-         f"--export_dir={root / 'export'}"], cwd=root, env=_env())
+         "--export_dir=none"], cwd=root, env=_env())
     return {"shared": exported.model_dir, "separate": root / "model"}
 
 
-def _export(model_dir, out):
-    """trainer.export --format=marian as a user runs it: (stdout, stderr lines)."""
-    result = run([sys.executable, "-m", "trainer.export", "--format=marian",
-                  f"--model_dir={model_dir}", f"--export_dir={out}"], cwd=REPO, env=_env())
-    return result.stdout.decode(), result.stderr.decode().strip().splitlines()
+@pytest.fixture(scope="module")
+def marian_exports(trained, tmp_path_factory):
+    """{kind: (the Marian checkpoint, stdout, stderr lines)} of `trainer.export
+    --format=marian` run as a user runs it on each trained model, once per kind."""
+    exports = {}
+
+    def export(kind):
+        if kind not in exports:
+            out = tmp_path_factory.mktemp(kind) / "marian"
+            result = run([sys.executable, "-m", "trainer.export", "--format=marian",
+                          f"--model_dir={trained[kind]}", f"--export_dir={out}"], cwd=REPO,
+                         env=_env())
+            exports[kind] = (out, result.stdout.decode(),
+                             result.stderr.decode().strip().splitlines())
+        return exports[kind]
+    return export
 
 
 def _teacher_forced(model, source_ids, target_ids):
@@ -98,20 +109,20 @@ def _ids(tokenizer, texts, eos):
 
 
 @pytest.mark.parametrize("kind", ["shared", "separate"])
-def test_a_trained_model_exported_and_converted_back_computes_its_logits(trained, kind,
-                                                                           tmp_path):
+def test_a_trained_model_exported_and_converted_back_computes_its_logits(
+        trained, marian_exports, kind, tmp_path):
     """Without Transformers: the export's map, read back by the converter, is the model's
     own, through the reordered width of its sinusoids and its special ids (the layer
     norms' epsilon, Marian's 1e-5 against 1e-6, moves the logits by ~1e-5)."""
-    stdout, notes = _export(trained[kind], tmp_path / "marian")
-    assert stdout.strip() == f"exported Hugging Face Marian checkpoint to {tmp_path / 'marian'}"
-    assert sorted(p.name for p in (tmp_path / "marian").iterdir()) == sorted(
+    out, stdout, notes = marian_exports(kind)
+    assert stdout.strip() == f"exported Hugging Face Marian checkpoint to {out}"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
         FILES + ([] if kind == "shared" else ["target_vocab.json"]))
     # The settings generate() takes otherwise than the model directory, a line each.
     assert [line.split(" ")[0] for line in notes[-4:]] == \
         ["Marian's", "generate()", "generate()", "generate()"]
     assert "gnmt penalty ((5 + length) / 6)^0.6" in notes[-3]
-    marian.convert(str(tmp_path / "marian"), str(tmp_path / "back"))
+    marian.convert(str(out), str(tmp_path / "back"))
     model, back = (layout.restore_model(str(d)) for d in (trained[kind], tmp_path / "back"))
     assert back.config.sinusoid_layout == "concatenated" != model.config.sinusoid_layout
     tokenizers = vocabulary.load_or_train(str(trained[kind]), None)
@@ -129,11 +140,10 @@ def test_a_trained_model_exported_and_converted_back_computes_its_logits(trained
 
 @pytest.mark.parametrize("kind", ["shared", "separate"])
 def test_transformers_loads_a_trained_model_with_its_logits_and_its_beam_outputs(
-        trained, kind, tmp_path):
+        trained, marian_exports, kind, tmp_path):
     torch = pytest.importorskip("torch", reason="Transformers needs torch: pip install torch")
     transformers = pytest.importorskip("transformers", reason="pip install transformers")
-    out = tmp_path / "marian"
-    _export(trained[kind], out)
+    out = marian_exports(kind)[0]
     hf = transformers.MarianMTModel.from_pretrained(str(out)).eval()
     tokenizer = transformers.MarianTokenizer.from_pretrained(str(out))
     model = layout.restore_model(str(trained[kind]))

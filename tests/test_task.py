@@ -1,5 +1,6 @@
 """python -m trainer.task as a user runs it: real subprocesses, real files, real kills."""
 
+import json
 import os
 import signal
 import subprocess
@@ -32,6 +33,17 @@ def test_kill_9_mid_training_then_the_same_command_resumes(tmp_path):
     deadline = time.time() + 300
     while latest_step(model_dir) < 15 and time.time() < deadline and process.poll() is None:
         time.sleep(0.2)
+    # A second trainer on the same directory stops at once, naming the first
+    # (trainer/model_dir/lock.py), and leaves it running.
+    lock = os.path.join(model_dir, "trainer.lock")
+    holder = json.loads(open(lock).read())
+    second = task(*flags)
+    assert second.returncode == 2
+    assert second.stderr.strip().splitlines()[-1] == (
+        f"trainer.task: error: {model_dir} is being trained by trainer.task pid "
+        f"{process.pid} on host {holder['host']} since {holder['started']} ({lock}); stop it "
+        "first, or use another --model_dir")
+    assert process.poll() is None
     process.send_signal(signal.SIGKILL)
     process.wait()
     killed_at = latest_step(model_dir)
@@ -48,6 +60,11 @@ def test_kill_9_mid_training_then_the_same_command_resumes(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"at step {killed_at}" in resumed.stdout
     assert latest_step(model_dir) == killed_at + 10
+    # The killed trainer's lock, taken over with one line, and removed at the end.
+    assert [line for line in resumed.stderr.splitlines() if "trainer.lock" in line] == [
+        f"warning: {lock}: taking over the lock of trainer.task pid {process.pid} on host "
+        f"{holder['host']} since {holder['started']}, which no longer runs"]
+    assert not os.path.exists(lock)
 
 
 @pytest.mark.parametrize("interval", [1, 4])
