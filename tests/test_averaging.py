@@ -2,7 +2,10 @@
 a model directory of its own whose weights are the mean of the last checkpoints, with
 the config, vocabulary and checkpoint state that `trainer.export` reads."""
 
+import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -18,10 +21,14 @@ pytestmark = pytest.mark.slow
 def test_the_averaged_directory_holds_the_mean_as_a_model_directory(exported, tmp_path):
     model_dir = tmp_path / "run"
     shutil.copytree(exported.model_dir, model_dir)
+    # A reader takes no lock: a live trainer's (this test's own process) stops it not.
+    live = {"host": socket.gethostname(), "pid": os.getpid(), "started": "now"}
+    (model_dir / "trainer.lock").write_text(json.dumps(live))
     averaged = subprocess.run([sys.executable, "-m", "trainer.average",
                                f"--model_dir={model_dir}", "--last=2"], cwd=tmp_path,
                               env=_env(), capture_output=True, text=True, timeout=600)
     assert averaged.returncode == 0, averaged.stderr[-3000:]
+    assert json.loads((model_dir / "trainer.lock").read_text()) == live
     assert averaged.stdout.strip() == (f"averaged 2 checkpoints (ckpt-15, ckpt-30) into "
                                        f"{model_dir}/averaged")
     first, last = (checkpoint_weights(model_dir, model_dir / name)

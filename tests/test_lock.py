@@ -1,11 +1,9 @@
 """One trainer per model directory (trainer/model_dir/lock.py), with real processes:
-another host's lock needs --force_unlock; the readers take no lock. (A second trainer beside
-a running one, and a killed trainer's lock taken over: tests/test_task.py's kill -9 test.)"""
+another host's lock needs --force_unlock. (A second trainer beside a running one, and a
+killed trainer's lock taken over: tests/test_task.py's kill -9 test; a reader beside a live
+lock: tests/test_averaging.py.)"""
 
 import json
-import os
-import shutil
-import socket
 import subprocess
 import sys
 
@@ -48,16 +46,3 @@ def test_another_hosts_lock_is_taken_over_only_with_force_unlock(tmp_path):
            "host another-host since 2026-01-01T00:00:00+00:00 (--force_unlock)" in \
         forced.stderr.splitlines()
     assert not (model_dir / LOCK).exists()
-
-
-def test_the_readers_take_no_lock(exported, tmp_path):
-    """A live trainer's lock (this test's own process) stops no reader."""
-    model_dir = tmp_path / "model"
-    shutil.copytree(exported.model_dir, model_dir)
-    live = {"host": socket.gethostname(), "pid": os.getpid(), "started": "now"}
-    (model_dir / LOCK).write_text(json.dumps(live))
-    result = run([sys.executable, "-m", "trainer.average", f"--model_dir={model_dir}",
-                  "--last=2"])
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert (model_dir / "averaged").is_dir()
-    assert json.loads((model_dir / LOCK).read_text()) == live
