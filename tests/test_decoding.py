@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (ANY_IDS, CONFIG, copy_batch, decode, exhaustive_beam_search,
-                      next_log_probs_of, recomputed_log_probs)
+from conftest import ANY_IDS, CONFIG, copy_batch, decode, recomputed_log_probs
+from reference_search import exhaustive_beam_search, next_log_probs_of
 from keras_transformer import (EOS_ID, Transformer, beam_search, greedy_search,
                                length_penalty, sequence_log_probs)
 

@@ -1,13 +1,14 @@
 """The searches on scripted log-probability tables, without a model (the seam of
 keras_transformer.search): ties, EOS, a target prefix, an exact n-best and its early exit,
-each checked against conftest's plain beam search that never stops early. Eager, in
+each checked against reference_search's plain beam search that never stops early. Eager, in
 milliseconds."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import VOCAB, exhaustive_beam_search, transformers_beam_search
+from conftest import VOCAB
+from reference_search import exhaustive_beam_search, transformers_beam_search
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, search_beams, search_single_path
 
 WIDTH = 6  # the outputs' width: every test's max_lengths are at most this
@@ -165,7 +166,7 @@ def test_the_early_exit_waits_for_a_live_beam_the_length_penalty_can_still_lift(
 
 @pytest.mark.parametrize("fixed_shapes", [False, True], ids=["growing", "fixed_shapes"])
 def test_the_transformers_stopping_rule_searches_as_generate_on_random_tables(fixed_shapes):
-    """stopping="transformers" gives the hypotheses of conftest's plain copy of
+    """stopping="transformers" gives the hypotheses of reference_search's plain copy of
     generate()'s beam search, which are not always the exact search's."""
     differ = 0
     for length_penalty, alpha in (("average", 1.0), ("average", 0.0), ("gnmt", 0.6)):
