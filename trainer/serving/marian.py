@@ -186,7 +186,6 @@ def _marian_vocab(pieces: List[str], order: List[int]) -> dict:
 
 
 def _marian_config(config: TransformerConfig, pad: int) -> dict:
-    activation = {"relu": "relu", "swish": "swish", "gelu": "gelu"}[config.activation]
     return {
         "model_type": "marian", "architectures": ["MarianMTModel"],
         "vocab_size": config.input_vocab_size - 1, "decoder_vocab_size": config.vocab_size - 1,
@@ -195,7 +194,7 @@ def _marian_config(config: TransformerConfig, pad: int) -> dict:
         "encoder_layers": config.encoder_layers, "decoder_layers": config.decoder_layers,
         "encoder_attention_heads": config.num_heads, "decoder_attention_heads": config.num_heads,
         "encoder_ffn_dim": config.d_ff, "decoder_ffn_dim": config.d_ff,
-        "activation_function": activation, "dropout": config.dropout,
+        "activation_function": config.activation, "dropout": config.dropout,
         "attention_dropout": config.attention_dropout, "activation_dropout": 0.0,
         "max_position_embeddings": config.max_length, "scale_embedding": True,
         "pad_token_id": pad, "eos_token_id": 0, "decoder_start_token_id": pad,
