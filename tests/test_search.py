@@ -36,7 +36,7 @@ class TableStep:
         return state
 
     def next_log_probs(self, prefixes, sources):
-        """conftest's next_log_probs: log-probs [n, t, vocab] after each prefix position."""
+        """reference_search's next_log_probs: log-probs [n, t, vocab] after each prefix position."""
         del sources
         positions = np.arange(prefixes.shape[1])
         return tf.constant(self.table.numpy()[positions[None], prefixes])

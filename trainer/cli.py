@@ -102,7 +102,7 @@ def remove_unfinished(path: str) -> str:
     removed."""
     parts = path.split(os.sep)
     for i, part in enumerate(parts):
-        if part.endswith("_temp") or part.startswith(".tmp-") or ".tmp-" in part:
+        if part.endswith("_temp") or ".tmp-" in part:
             unfinished = os.sep.join(parts[:i + 1])
             break
     else:
