@@ -99,7 +99,7 @@ def first_update(flags: List[str]) -> Tuple[float, float, List[str]]:
 # The recipe's trainer, built from the same flags as trainer.task builds it
 # (trainer/main_job.py), its stream advanced and the trainer saved.
 CHECKPOINT_AT = """
-import dataclasses, sys
+import dataclasses, sys, time
 import keras
 from absl import flags
 from trainer import task
@@ -116,19 +116,75 @@ data = input_pipeline.build(sources.select(data_config), run.model_dir, data_con
 trainer = build_trainer(layout.load_config(run.model_dir), data, run,
                         distribute.make_strategy(run.num_cpu_replicas))
 trainer.restore()
-step = int(sys.argv[1])
-for _ in range(step):
-    trainer.stream.next()
-trainer.optimizer.iterations.assign(step)
-trainer.save(step)
+step = 0
+for target in (int(s) for s in sys.argv[1].split(",")):
+    for _ in range(target - step):
+        trainer.stream.next()
+    step = target
+    trainer.optimizer.iterations.assign(step)
+    start = time.perf_counter()
+    trainer.stream.save(step)  # what trainer.save does, timed in its two parts
+    middle = time.perf_counter()
+    trainer.checkpointer.save(step)
+    print(f"saved {step} {time.perf_counter() - start:.4f} {middle - start:.4f}", flush=True)
 """
 
 
-def checkpoint_at(model_dir: Path, corpus: Tuple[str, str], step: int):
-    """A checkpoint of `step` in model_dir (which has the vocabulary, config.json and the
-    data counts): the recipe's trainer with its stream advanced by `step` updates, saved."""
-    subprocess.run([sys.executable, "-c", CHECKPOINT_AT, str(step),
-                    *task_flags(corpus, model_dir)], cwd=common.REPO, check=True, env=QUIET)
+def checkpoint_at(model_dir: Path, flags: List[str], steps: List[int]) -> List[float]:
+    """Checkpoints of `steps` in model_dir (which has the vocabulary, config.json and the
+    data counts): the trainer of these trainer.task flags with its stream advanced to each
+    step, saved there; returns each save's (seconds, of which the stream state's)."""
+    output = subprocess.run([sys.executable, "-c", CHECKPOINT_AT, ",".join(map(str, steps)),
+                             *flags], cwd=common.REPO, check=True, env=QUIET,
+                            stdout=subprocess.PIPE, text=True).stdout
+    return [(float(line.split()[2]), float(line.split()[3])) for line in output.splitlines()
+            if line.startswith("saved ")]
+
+
+def megabytes(directory: Path, pattern: str) -> float:
+    """The size of the files matching `pattern` under `directory`, in MB."""
+    return sum(path.stat().st_size for path in directory.glob(pattern)) / 1e6
+
+
+def measure_checkpoints(directory: Path, pairs: int, steps: List[int]):
+    """[(run, its training pairs, model checkpoint MB, stream state MB, [seconds of each
+    checkpoint])] for the builtin run, and the recipe's on Multi30k and on `pairs` pairs."""
+    multi30k = (str(common.MULTI30K / "train.en.gz"), str(common.MULTI30K / "train.de.gz"))
+    builtin = common.REPO / "trainer" / "flagfiles" / "builtin.cfg"
+    runs = [("builtin run", "20,000", lambda model_dir: [
+                f"--flagfile={builtin}", f"--model_dir={model_dir}", "--export_dir=none",
+                "--log_every=1"]),
+            ("Multi30k, recipe", "29,000", lambda model_dir: task_flags(multi30k, model_dir)),
+            (f"{pairs:,} pairs, recipe", f"{pairs:,}", lambda model_dir: task_flags(
+                write_corpus(directory / "corpus", pairs), model_dir))]
+    rows = []
+    for index, (name, size, flags_of) in enumerate(runs):
+        model_dir = directory / f"checkpoints{index}"
+        flags = flags_of(model_dir)
+        first_update(flags)  # the vocabulary, config.json and the counts
+        shutil.rmtree(model_dir / "training_stream", ignore_errors=True)
+        seconds = checkpoint_at(model_dir, flags, steps)
+        step = steps[-1]
+        rows.append((name, size, megabytes(model_dir, f"ckpt-{step}.*"),
+                     megabytes(model_dir, f"training_stream/*/ckpt-{step}.*"), seconds))
+        print(f"  {name}: model {rows[-1][2]:.1f} MB, stream state {rows[-1][3]:.2f} MB, "
+              f"saves {', '.join(f'{s:.2f} ({t:.2f})' for s, t in seconds)} s", flush=True)
+    return rows
+
+
+def print_checkpoint_table(rows, steps: List[int]):
+    def median(values):
+        return sorted(values)[len(values) // 2]
+
+    common.print_table(
+        ["run", "training pairs", "model checkpoint", "stream state", "a checkpoint (median)",
+         "of which the stream state"],
+        [[name, size, f"{model:.1f} MB", f"{stream:.2f} MB",
+          f"{median([total for total, _ in seconds]):.2f} s",
+          f"{median([part for _, part in seconds]):.2f} s"]
+         for name, size, model, stream, seconds in rows],
+        text_columns=1, title="\nA checkpoint's size and time: the model's (weights, optimizer, "
+        f"moving average) and the training stream's state, saved at steps {steps}:")
 
 
 def measure_resume(directory: Path, pairs: int, steps: List[int]):
@@ -144,7 +200,7 @@ def measure_resume(directory: Path, pairs: int, steps: List[int]):
         model_dir.mkdir()
         for name in ("spm.model", "config.json", "data_counts.json"):
             shutil.copy(base / name, model_dir / name)
-        checkpoint_at(model_dir, corpus, step)
+        checkpoint_at(model_dir, task_flags(corpus, model_dir), [step])
         restored, _, lines = first_update(task_flags(corpus, model_dir))
         assert any("training stream restored" in line for line in lines), lines
         shutil.rmtree(model_dir / "training_stream")
@@ -172,7 +228,7 @@ def measure_startup(directory: Path, pairs: int):
     fresh, fresh_rss, _ = first_update(task_flags(corpus, model_dir))
     rows.append(("fresh (vocabulary, counting pass, model)", fresh, fresh_rss))
     # A checkpoint to resume from, as a preempted run leaves it.
-    checkpoint_at(model_dir, corpus, 1)
+    checkpoint_at(model_dir, task_flags(corpus, model_dir), [1])
     resumed, resumed_rss, lines = first_update(task_flags(corpus, model_dir))
     assert any("training stream restored" in line for line in lines), lines
     rows.append(("resumed (counts cached, stream restored)", resumed, resumed_rss))
@@ -254,9 +310,16 @@ def main(argv=None):
     parser.add_argument("--skip_startup", action="store_true")
     parser.add_argument("--preempt_after", default="20,60")
     parser.add_argument("--skip_preempt", action="store_true")
+    parser.add_argument("--checkpoint_pairs", type=int, default=1_000_000)
+    parser.add_argument("--checkpoint_steps", default="20,40,60")
+    parser.add_argument("--skip_checkpoint", action="store_true")
     args = parser.parse_args(argv)
     common.print_header([("machine", common.describe()), ("command", common.command())])
     with tempfile.TemporaryDirectory() as directory:
+        if not args.skip_checkpoint:
+            steps = [int(s) for s in args.checkpoint_steps.split(",")]
+            print_checkpoint_table(measure_checkpoints(
+                Path(directory) / "checkpoints", args.checkpoint_pairs, steps), steps)
         if not args.skip_resume:
             rows = measure_resume(Path(directory) / "resume", args.resume_pairs,
                                   [int(s) for s in args.steps.split(",")])

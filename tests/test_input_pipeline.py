@@ -99,6 +99,24 @@ def test_every_pair_appears_exactly_once_per_epoch(multi30k, tokenizers):
     assert first[:100] != second[:100]  # reshuffled each epoch
 
 
+def test_the_streams_saved_state_is_its_position_not_its_pairs(multi30k, tokenizers, tmp_path):
+    """A checkpoint of the training stream costs the same for a corpus ten times larger,
+    under 1 MB: the shuffle is by index (trainer/data/shuffling.py), so the state holds the
+    position and the batches in flight, not pairs waiting in a buffer (MBs here)."""
+    config = DataConfig(max_len=64, batch_tokens=1024, seed=1)
+
+    def state_bytes(pairs, name):
+        iterator = iter(input_pipeline.train_dataset(pairs, tokenizers, config))
+        for _ in range(5):
+            next(iterator)
+        tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / name / "ckpt"))
+        return sum(path.stat().st_size for path in (tmp_path / name).iterdir())
+
+    small = state_bytes(multi30k.pairs("train"), "small")
+    large = state_bytes(multi30k.pairs("train").repeat(10), "large")
+    assert small < 1e6 and large < 1e6 and large < 2 * small, (small, large)
+
+
 def test_a_seed_fixes_the_training_stream(multi30k, tokenizers):
     def first_batches(seed):
         config = DataConfig(max_len=64, batch_tokens=1024, seed=seed)
@@ -267,7 +285,8 @@ source = sources.select(config, builtin_train_size=2000, builtin_eval_size=10)
 data = input_pipeline.build(source, sys.argv[1], config)
 from trainer.training.stream import TrainingStream
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-stream = TrainingStream(strategy, data, sys.argv[1], keep=1, batches_per_step=1)
+stream = TrainingStream(strategy, data, sys.argv[1], keep=1, batches_per_step=1,
+                        log=lambda line: None)
 for _ in range(5):
     (source_ids, _), _ = stream.next()
     for replica in strategy.experimental_local_results(source_ids):

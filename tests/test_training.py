@@ -262,8 +262,8 @@ def test_a_resumed_stream_is_restored_from_its_saved_state_not_replayed(data, tm
     lines = []
     resumed.log = lines.append
     assert resumed.restore() == 3
-    assert lines == [f"training stream restored from {tmp_path}/saved/training_stream/"
-                     "pipeline_0/ckpt-3"]
+    assert lines[1:] == [f"training stream restored from {tmp_path}/saved/training_stream/"
+                         "pipeline_0/ckpt-3"]
     local = resumed.strategy.experimental_local_results
     for got, want in zip(tf.nest.flatten(resumed.stream.next()), tf.nest.flatten(expected)):
         np.testing.assert_array_equal(local(got)[0].numpy(), local(want)[0].numpy())

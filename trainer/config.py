@@ -53,7 +53,6 @@ class DataConfig:
         counted.
       batch_tokens: padded positions per batch and replica, for source and for target
         each; at least `max_len`. The paper's ~25k tokens per side over 8 GPUs is 4096.
-      shuffle_buffer: pairs in the training shuffle buffer.
       seed: the order of the training stream and the builtin corpus (None: random).
     """
 
@@ -75,7 +74,6 @@ class DataConfig:
     vocab_sample_pairs: int = 1_000_000
     max_len: int = 64
     batch_tokens: int = 2048
-    shuffle_buffer: int = 100_000
     seed: Optional[int] = 0
 
     def __post_init__(self):

@@ -37,7 +37,7 @@ from keras_transformer import shift_right
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 from trainer.model_dir import files
 from trainer.config import DataConfig
-from trainer.data import sources as sources_lib
+from trainer.data import shuffling, sources as sources_lib
 from trainer.data import tokenizer as tokenizer_lib, vocabulary
 from trainer.data.sources import DataError
 
@@ -146,9 +146,10 @@ def train_dataset(pairs: Union[tf.data.Dataset, Sequence[tf.data.Dataset]],
                   weights: Optional[Sequence[float]] = None) -> tf.data.Dataset:
     """Shuffled, repeated, prefetched training batches for one replica.
 
-    `pairs` is one corpus, or several that are mixed: each is shuffled and repeated on
-    its own, and every pair is drawn from corpus i with probability weights[i] / sum
-    (tf.data's sample_from_datasets, seeded).
+    `pairs` is one corpus, or several that are mixed: each is read into memory and
+    shuffled on its own, every epoch in a permutation of its own
+    (`trainer.data.shuffling`), and every pair is drawn from corpus i with probability
+    weights[i] / sum (tf.data's sample_from_datasets, seeded).
     With an input_context, this input pipeline reads only its shard of the pairs.
     num_epochs=None repeats forever (every batch full); a finite number of epochs
     keeps the last partial batches, so each kept pair appears once per epoch (of one
@@ -163,8 +164,7 @@ def train_dataset(pairs: Union[tf.data.Dataset, Sequence[tf.data.Dataset]],
             corpus = corpus.shard(input_context.num_input_pipelines,
                                   input_context.input_pipeline_id)
         seed = None if config.seed is None else config.seed + index
-        return (corpus.shuffle(config.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-                .repeat(num_epochs))
+        return shuffling.shuffled(corpus, seed, num_epochs)
 
     streams = [shuffled(index, corpus) for index, corpus in enumerate(corpora)]
     if len(streams) == 1:

@@ -69,8 +69,8 @@ class Trainer:
         returns the step."""
         step = self.checkpointer.restore(self.log)
         self.stream = TrainingStream(self.strategy, self.data, self.run.model_dir,
-                                     self.run.keep_checkpoints, self.run.accum_steps)
-        self.stream.restore(step, self.log)
+                                     self.run.keep_checkpoints, self.run.accum_steps, self.log)
+        self.stream.restore(step)
         return step
 
     def save(self, step: int) -> str:

@@ -2,8 +2,10 @@
 
 Each worker reads its shard of the training pairs through one tf.data iterator, which
 feeds the worker's replicas in turn (replica 0 the first batch, replica 1 the next, ...).
-With every model checkpoint, each worker saves that iterator's state (the files' offsets,
-the shuffle buffer, the bucketing windows, the batches in flight) as
+With every model checkpoint, each worker saves that iterator's state (its position in
+the shuffled order, the pairs being tokenized, the bucketing windows, the batches in
+flight: a few hundred kB, whatever the corpus, as the order is drawn by index from the
+pairs in memory, trainer/data/shuffling.py) as
 `<model_dir>/training_stream/pipeline_<i>/ckpt-<step>`, so a resumed run restores its
 stream where the checkpointed run left it, in a time that does not grow with the step.
 tf.distribute's own iterators cannot be checkpointed, hence the plain one.
@@ -17,6 +19,7 @@ the replay lands near the checkpointed run's place, not on it.)
 """
 
 import os
+import time
 from typing import Callable
 
 import tensorflow as tf
@@ -35,11 +38,13 @@ class TrainingStream:
       model_dir: the run's model directory.
       keep: stream states kept, as many as model checkpoints.
       batches_per_step: batches each replica takes per update (accum_steps).
+      log: where the stream says what it did (reading the pairs, restoring its place).
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, data: Data, model_dir: str,
-                 keep: int, batches_per_step: int):
+                 keep: int, batches_per_step: int, log: Callable[[str], None] = print):
         self.strategy, self.data, self.batches_per_step = strategy, data, batches_per_step
+        self.log = log
         contexts = []  # The strategy's own split into input pipelines, for this worker.
         strategy.distribute_datasets_from_function(
             lambda context: contexts.append(context) or tf.data.Dataset.range(1))
@@ -52,12 +57,15 @@ class TrainingStream:
 
     def _start(self):
         """The stream from its beginning."""
+        start = time.perf_counter()
         self.iterator = iter(self.data.train_dataset(self.context))
+        self.log(f"training stream: pairs read into memory and shuffled by index in "
+                 f"{time.perf_counter() - start:.1f} s")
         self.checkpoint = tf.train.Checkpoint(iterator=self.iterator)
         self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory,
                                                   max_to_keep=self.keep, checkpoint_name="ckpt")
 
-    def restore(self, step: int, log: Callable[[str], None] = print):
+    def restore(self, step: int):
         """Positions the stream after `step` updates: from the state saved with that
         step's checkpoint, else by replaying the batches those updates consumed."""
         if not step:
@@ -66,14 +74,14 @@ class TrainingStream:
         if prefix in self.manager.checkpoints:
             try:
                 self.checkpoint.restore(prefix).assert_consumed()
-                log(f"training stream restored from {prefix}")
+                self.log(f"training stream restored from {prefix}")
                 return
             except (tf.errors.OpError, AssertionError, ValueError) as e:
                 reason = " ".join(str(getattr(e, "message", e)).split())[:200]
-                log(f"training stream state {prefix} does not fit this pipeline ({reason})")
+                self.log(f"training stream state {prefix} does not fit this pipeline ({reason})")
                 self._start()
         batches = step * self.batches_per_step * self.replicas_fed
-        log(f"training stream: no state saved at step {step}; replaying {batches} batches")
+        self.log(f"training stream: no state saved at step {step}; replaying {batches} batches")
         for _ in range(batches):  # Python steps: a skip() would change the saved graph
             next(self.iterator)
 
