@@ -1,11 +1,15 @@
 """Benchmark: how long do start-up, resume and preemption take? `python -m trainer.task` at
 WMT sizes, fresh and resumed, and from a SIGTERM to its exit.
 
-Three tables, from real runs of the command on a corpus of Multi30k's training pairs
+Four tables, from real runs of the command on a corpus of Multi30k's training pairs
 repeated to the size asked for (plain text in a temporary directory; nothing is written
 into the project), with the Multi30k recipe's flags (trainer/flagfiles/multi30k.cfg:
 `small`, --batch_tokens=4096, --max_len=64, --vocab_size=8000, --ema_decay=0.9999):
 
+  0. A checkpoint's size and time: the model checkpoint, the training stream's state
+     beside it, and the seconds of a save (and of its stream state's part) at
+     --checkpoint_steps (20,40,60), for the builtin run (its flagfile), and the recipe on
+     Multi30k and on --checkpoint_pairs (default 1M) pairs.
   1. --resume_pairs (default 1M): the time from the command's start to its first
      update when it resumes at step 100, 1,000 and 10,000 (--steps), with the training
      stream restored from its saved state (trainer/training/stream.py) and, for
@@ -22,13 +26,15 @@ into the project), with the Multi30k recipe's flags (trainer/flagfiles/multi30k.
      in flight finished, its checkpoint and stream state written): what a cloud's
      grace period must cover.
 
-Each run is stopped (SIGKILL) right after its first progress line. About 25 minutes. Not
+Each run is stopped (SIGKILL) right after its first progress line. About 15 minutes. Not
 a test: run it by hand from the repository root, alone on the machine, and copy the tables
 into docs/performance.md:
 
-  python bench/resume.py [--resume_pairs=1000000 --steps=100,1000,10000]
+  python bench/resume.py [--checkpoint_pairs=1000000 --checkpoint_steps=20,40,60]
+                         [--resume_pairs=1000000 --steps=100,1000,10000]
                          [--startup_pairs=4500000] [--preempt_after=20,60]
-                         [--skip_resume | --skip_startup | --skip_preempt]
+                         [--skip_checkpoint | --skip_resume | --skip_startup |
+                          --skip_preempt]
 
 (--resume_pairs=29000 --steps=1 --startup_pairs=29000 --preempt_after=1, Multi30k once:
 the same code paths in a few minutes.)

@@ -2,9 +2,11 @@
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import MULTI30K, QUICK, REPO, latest_step, needs_multi30k
+from trainer.model_dir import layout
 
 # Each test runs the programs in subprocesses, or uses the model they trained.
 pytestmark = pytest.mark.slow
@@ -23,48 +26,120 @@ def task(*flags, env=None, timeout=600, **kwargs):
                           capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
-def test_kill_9_mid_training_then_the_same_command_resumes(tmp_path):
-    model_dir = str(tmp_path / "run")
-    flags = [*QUICK, "--train_steps=400", "--checkpoint_every=5", "--keep_checkpoints=3",
-             f"--model_dir={model_dir}"]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+KILLS = 5  # kill -9s of one run, at moments drawn from a seed
+
+
+def kill_9_at(flags, model_dir, rng, while_writing, log, beside=None):
+    """Starts trainer.task with `flags`, and kill -9s it at a moment drawn from `rng`:
+    once it has logged update `log`, after a random pause, or (while_writing) the moment a
+    checkpoint's staging files appear. `beside(pid)` runs first, while the trainer is
+    stopped (SIGSTOP: alive, its lock held). Returns (its stdout, its stderr, whether a
+    write was cut short)."""
+    stream_dir = os.path.join(model_dir, "training_stream", "pipeline_0")
+    stderr = tempfile.TemporaryFile("w+")
     process = subprocess.Popen([sys.executable, "-m", "trainer.task", *flags], cwd=REPO,
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while latest_step(model_dir) < 15 and time.time() < deadline and process.poll() is None:
-        time.sleep(0.2)
-    # A second trainer on the same directory stops at once, naming the first
-    # (trainer/model_dir/lock.py), and leaves it running.
-    lock = os.path.join(model_dir, "trainer.lock")
-    holder = json.loads(open(lock).read())
-    second = task(*flags)
-    assert second.returncode == 2
-    assert second.stderr.strip().splitlines()[-1] == (
-        f"trainer.task: error: {model_dir} is being trained by trainer.task pid "
-        f"{process.pid} on host {holder['host']} since {holder['started']} ({lock}); stop it "
-        "first, or use another --model_dir")
-    assert process.poll() is None
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+                               stdout=subprocess.PIPE, stderr=stderr, text=True)
+    stdout = []
+    for line in process.stdout:
+        stdout.append(line)
+        if line.startswith(f"step {log}/"):
+            break
+    else:
+        stderr.seek(0)
+        raise AssertionError(f"trainer.task ended before update {log}:\n{stderr.read()}")
+    if beside:
+        process.send_signal(signal.SIGSTOP)
+        beside(process.pid)
+        process.send_signal(signal.SIGCONT)
+
+    def staging():  # a checkpoint's staging files (TensorFlow's <prefix>_temp) not seen before
+        return {os.path.join(directory, name) for directory in (model_dir, stream_dir)
+                if os.path.isdir(directory)
+                for name in os.listdir(directory) if "_temp" in name} - left_before
+
+    left_before = set()
+    left_before = staging()  # by an earlier kill
+    if while_writing:
+        while not staging() and process.poll() is None:
+            time.sleep(0.0005)
+    else:
+        time.sleep(rng.uniform(0.0, 0.3))
+    assert process.poll() is None, "the kill must land before the run's end"
     process.send_signal(signal.SIGKILL)
     process.wait()
-    killed_at = latest_step(model_dir)
-    assert 15 <= killed_at < 400, "the kill must land mid-training"
-    # Every checkpoint the state file lists is complete and restorable.
-    state = tf.train.get_checkpoint_state(model_dir)
-    for path in state.all_model_checkpoint_paths:
-        reader = tf.train.load_checkpoint(path)
-        embedding = reader.get_tensor("model/embedding/embeddings/.ATTRIBUTES/VARIABLE_VALUE")
-        assert np.all(np.isfinite(embedding))
+    stderr.seek(0)
+    return "".join(stdout) + process.stdout.read(), stderr.read(), bool(staging())
 
-    resumed = task(*flags[:-3], "--train_steps=%d" % (killed_at + 10), "--checkpoint_every=5",
-                   "--keep_checkpoints=3", f"--model_dir={model_dir}")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"at step {killed_at}" in resumed.stdout
-    assert latest_step(model_dir) == killed_at + 10
-    # The killed trainer's lock, taken over with one line, and removed at the end.
-    assert [line for line in resumed.stderr.splitlines() if "trainer.lock" in line] == [
-        f"warning: {lock}: taking over the lock of trainer.task pid {process.pid} on host "
-        f"{holder['host']} since {holder['started']}, which no longer runs"]
-    assert not os.path.exists(lock)
+
+def test_kill_9s_at_five_random_moments_change_no_bit_of_the_trained_weights(tmp_path):
+    """--deterministic: a run killed with kill -9 at five random moments, one of them while
+    a checkpoint is being written, and resumed each time by the same command, ends with
+    the weights, optimizer state and dropout random state of an uninterrupted run, bit for
+    bit. Each resume starts from the newest checkpoint, which is intact. On the way: a
+    second trainer beside a live one stops at once naming it, and a killed trainer's lock
+    is taken over with one line. The kill moments come from the seed printed first:
+    KILL_SEED=<seed> replays them."""
+    seed = int(os.environ.get("KILL_SEED", random.randrange(1 << 30)))
+    print(f"KILL_SEED={seed}")
+    rng = random.Random(seed)
+    steps = 60
+    flags = [*QUICK, "--deterministic", "--hparams=dropout=0.1", f"--train_steps={steps}",
+             "--checkpoint_every=5", "--keep_checkpoints=3", "--log_every=1"]
+    straight = str(tmp_path / "straight")
+    result = task(*flags, f"--model_dir={straight}")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    model_dir = str(tmp_path / "killed")
+    flags.append(f"--model_dir={model_dir}")
+    lock = os.path.join(model_dir, "trainer.lock")
+    writing = rng.randrange(KILLS)  # which kill waits for a checkpoint's write
+
+    def second_trainer(pid):  # on a live one's directory: stops at once, naming it
+        holder = json.loads(open(lock).read())
+        second = task(*flags)
+        assert second.returncode == 2
+        assert second.stderr.strip().splitlines()[-1] == (
+            f"trainer.task: error: {model_dir} is being trained by trainer.task pid {pid} on "
+            f"host {holder['host']} since {holder['started']} ({lock}); stop it first, or use "
+            "another --model_dir")
+
+    kills, cut_short, resumed_from, killed = 0, 0, 0, None
+    while kills < KILLS or not cut_short:
+        assert kills < 2 * KILLS, f"no kill landed while a checkpoint was written (seed {seed})"
+        log = rng.randint(resumed_from + 1, min(steps - 20, resumed_from + 15))
+        stdout, stderr, staged = kill_9_at(
+            flags, model_dir, rng, kills >= writing and not cut_short, log,
+            beside=second_trainer if kills == 0 else None)
+        if resumed_from:
+            assert f"resumed from {model_dir}/ckpt-{resumed_from} at step {resumed_from}" in \
+                stdout, f"{stdout}\n{stderr} (seed {seed})"
+        if killed:  # the lock of the trainer killed before, taken over with one line
+            assert [line for line in stderr.splitlines() if "trainer.lock" in line][:1] == [
+                f"warning: {lock}: taking over the lock of trainer.task pid {killed['pid']} "
+                f"on host {killed['host']} since {killed['started']}, which no longer runs"]
+        killed = json.loads(open(lock).read())
+        kills, cut_short = kills + 1, cut_short + staged
+        print(f"kill {kills}: after update {log}{' while writing' if staged else ''}, "
+              f"newest checkpoint {latest_step(model_dir)}; the run said:", *(
+                  line for line in (stdout + stderr).splitlines()
+                  if line.startswith(("resumed", "training stream", "warning"))), sep="\n  ")
+        # The newest checkpoint, where the next run resumes, is intact.
+        resumed_from = latest_step(model_dir)
+        assert not resumed_from or layout.damage(f"{model_dir}/ckpt-{resumed_from}") is None
+    final = task(*flags)
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert f"at step {resumed_from}" in final.stdout and not os.path.exists(lock)
+
+    want = tf.train.load_checkpoint(f"{straight}/ckpt-{steps}")
+    got = tf.train.load_checkpoint(f"{model_dir}/ckpt-{steps}")
+    names = set(want.get_variable_to_shape_map()) - {"save_counter/.ATTRIBUTES/VARIABLE_VALUE"}
+    assert set(got.get_variable_to_shape_map()) - {"save_counter/.ATTRIBUTES/VARIABLE_VALUE"} \
+        == names and any(name.startswith("dropout_rng/") for name in names)
+    differ = [name for name in sorted(names)
+              if not np.array_equal(got.get_tensor(name), want.get_tensor(name))]
+    assert not differ, f"{len(differ)} of {len(names)} tensors differ, e.g. {differ[:3]} " \
+                       f"(seed {seed})"
 
 
 @pytest.mark.parametrize("interval", [1, 4])

@@ -162,6 +162,11 @@ class RunConfig:
         (ema_decay) or "best" (keep_best); None: "average" when average_last is set, else
         "last".
       seed: initial weights and dropout.
+      deterministic: TensorFlow's op determinism (tf.config.experimental
+        .enable_op_determinism): with it, a run's weights are bit-identical however often
+        it was preempted or killed and resumed (CPU, one replica). Refused with a time
+        budget or subword sampling, which make the run depend on the clock or on
+        SentencePiece's own generator.
       keep_best: "bleu", "chrf" or "loss": keep the checkpoint with the best validation
         score apart from the rotating ones (trainer/model_dir/best.py), for
         export_weights="best"; None: none.
@@ -204,8 +209,12 @@ class RunConfig:
     ema_decay: float = 0.0
     export_weights: Optional[str] = None
     seed: int = 0
+    deterministic: bool = False
 
     def __post_init__(self):
+        if self.deterministic and self.max_train_minutes:
+            raise ValueError("deterministic needs a run bounded by its steps: a time budget "
+                             "(max_train_minutes) makes the steps trained depend on the clock")
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         for name in ("train_steps", "accum_steps", "checkpoint_every", "keep_checkpoints",

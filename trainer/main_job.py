@@ -102,6 +102,8 @@ def _train_and_export(model_config: TransformerConfig, data_config: DataConfig, 
                       strategy, log: Callable[[str], None]) -> Optional[str]:
     """`train_and_export`'s run, under the model directory's lock."""
     keras.utils.set_random_seed(run.seed)
+    if run.deterministic:
+        tf.config.experimental.enable_op_determinism()
     source = sources.select(data_config)
     if run.init_from and not tf.train.latest_checkpoint(run.model_dir):
         vocabulary.copy_vocabulary(run.init_from, run.model_dir)

@@ -136,6 +136,9 @@ flags.DEFINE_string("init_from", None, "Start from another model directory's wei
                     "(--warmup_steps applies). Fine-tuning; see docs/pretrained.md.")
 flags.DEFINE_integer("seed", RunConfig.seed, "Random seed (weights, dropout, shuffling, "
                      "builtin corpus).")
+flags.DEFINE_bool("deterministic", RunConfig.deterministic, "TensorFlow's op determinism: the "
+                  "same weights, bit for bit, however often the run is killed and resumed "
+                  "(CPU, one replica; not with --max_train_minutes or --subword_sampling).")
 
 
 # What a model is (its weights' shapes and what they compute), as opposed to how it trains
@@ -224,6 +227,9 @@ def main(argv):
                 "cluster", {}).get("worker", [])) > 1:
             raise ValueError("--early_stopping needs one worker: only the chief validates, "
                              "and the other workers would train on")
+        if run.deterministic and data.subword_sampling:
+            raise ValueError("--deterministic contradicts --subword_sampling: SentencePiece "
+                             "draws the segmentations from a generator no checkpoint holds")
     except (ValueError, TypeError) as e:
         cli.fail(str(e))
     from trainer.data.sources import DataError

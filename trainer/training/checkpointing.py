@@ -1,5 +1,7 @@
-"""A run's checkpoints: the model and the optimizer, whose iteration count is the step
-(the training stream's position is saved beside them: trainer/training/stream.py).
+"""A run's checkpoints: the model, the optimizer, whose iteration count is the step, and
+the state of dropout's random numbers, so that a resumed run draws the masks an
+uninterrupted one would (the training stream's position is saved beside them:
+trainer/training/stream.py).
 
 Every worker of a MultiWorkerMirroredStrategy takes part in saving; only the chief keeps
 what it writes (`distribute.worker_dir`). `kill -9` at any moment leaves only complete
@@ -19,6 +21,13 @@ from trainer.training import distribute
 # A float16 run's checkpoint holds its loss scale (keras.optimizers.LossScaleOptimizer).
 _LOSS_SCALE = "optimizer/dynamic_scale/"
 _MOVING_AVERAGE = "moving_average/"
+_DROPOUT_RNG = "dropout_rng/"
+
+
+def dropout_states(model: keras.Model):
+    """The state variables of the model's dropout seed generators (Keras leaves them out
+    of the model's own checkpoint), in the model's order."""
+    return [v for v in model.non_trainable_variables if v.name == "seed_generator_state"]
 
 
 class Checkpointer:
@@ -36,8 +45,12 @@ class Checkpointer:
                  moving_average: Optional[MovingAverage] = None):
         self.model_dir, self.model, self.optimizer = model_dir, model, optimizer
         self.moving_average = moving_average
-        tracked = {} if moving_average is None else {"moving_average": moving_average}
-        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, **tracked)
+        self.tracked = {"model": model, "optimizer": optimizer}
+        if moving_average is not None:
+            self.tracked["moving_average"] = moving_average
+        if dropout_states(model):
+            self.tracked["dropout_rng"] = dropout_states(model)
+        self.checkpoint = tf.train.Checkpoint(**self.tracked)
         self.restored: Optional[str] = None  # the checkpoint `restore` read
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, distribute.worker_dir(model_dir), max_to_keep=keep,
@@ -59,8 +72,10 @@ class Checkpointer:
 
         A damaged checkpoint (cut short by a crash or a full disk) is passed over with a
         warning line. A moving average that the checkpoint lacks starts from the restored
-        weights, with a line saying so. Raises ModelDirError, one line naming the flag and
-        the checkpoint, when this run's flags build what the checkpoint cannot fill.
+        weights, and dropout's random numbers it lacks (a checkpoint from before they were
+        kept) from the seed, each with a line saying so. Raises ModelDirError, one line
+        naming the flag and the checkpoint, when this run's flags build what the checkpoint
+        cannot fill.
         """
         if not self.latest:
             return self.step
@@ -68,10 +83,11 @@ class Checkpointer:
             self.model_dir, warn=lambda message: log(f"warning: {message}"))[-1]
         names = {name for name, _ in tf.train.list_variables(path)}
         self._check_precision(path, names)
-        starts_average = self.moving_average is not None and not any(
-            name.startswith(_MOVING_AVERAGE) for name in names)
-        checkpoint = (tf.train.Checkpoint(model=self.model, optimizer=self.optimizer)
-                      if starts_average else self.checkpoint)
+        lacks = {key for key, prefix in (("moving_average", _MOVING_AVERAGE),
+                                         ("dropout_rng", _DROPOUT_RNG))
+                 if key in self.tracked and not any(name.startswith(prefix) for name in names)}
+        checkpoint = tf.train.Checkpoint(
+            **{key: value for key, value in self.tracked.items() if key not in lacks})
         try:
             checkpoint.restore(path).assert_existing_objects_matched()
         except AssertionError as e:
@@ -79,10 +95,13 @@ class Checkpointer:
             raise layout.ModelDirError(
                 f"{path} does not hold what these flags build ({reason}...); resume with "
                 "the flags that wrote it, or use another --model_dir") from None
-        if starts_average:
+        if "moving_average" in lacks:
             self.moving_average.reset(self.model.trainable_variables)
             log(f"{path} holds no moving average of the weights: --ema_decay="
                 f"{self.moving_average.decay:g} starts one from its weights at step {self.step}")
+        if "dropout_rng" in lacks:
+            log(f"{path} holds no state of dropout's random numbers: the masks after step "
+                f"{self.step} are drawn from the seed's start, not where its run left them")
         self.restored = path
         return self.step
 

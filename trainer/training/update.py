@@ -88,8 +88,11 @@ class Updater:
                                                     name="first_nonfinite_step")
             # Whether the chief's time budget was spent before the last update.
             self.budget_spent = tf.Variable(False, trainable=False, name="budget_spent")
-        # Batches come from the host: one trace per few shapes, then a generic one.
-        self.accumulate = tf.function(self._accumulate, reduce_retracing=True)
+        # Batches come from the host: one trace per few shapes, then a generic one, whose
+        # numbers differ from a shape's own trace in the last bits; so which trace a
+        # shape gets depends on the shapes before it, unless every shape gets its own
+        # (deterministic: a resumed run then computes what an uninterrupted one did).
+        self.accumulate = tf.function(self._accumulate, reduce_retracing=not run.deterministic)
         self._apply_traced = tf.function(self._apply)
         self.gradients = tf.function(self._gradients, jit_compile=run.jit_compile)
 
