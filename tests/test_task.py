@@ -210,6 +210,11 @@ NEEDS_FILES = needs_multi30k("val.en", "val.de", "test2016.en", "test2016.de")
                  "train_weights has 3 weights for 2 training corpora", marks=NEEDS_FILES),
     (["--train_weights=1,x"], "--train_weights=1,x: not a list of numbers"),
     (["--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
+    (["--deterministic", "--max_train_minutes=5"], "deterministic needs a run bounded by its "
+     "steps: a time budget (max_train_minutes) makes the steps trained depend on the clock"),
+    (["--deterministic", "--subword_sampling=0.1"], "--deterministic contradicts "
+     "--subword_sampling: SentencePiece draws the segmentations from a generator no "
+     "checkpoint holds"),
 ])
 def test_bad_flags_give_a_one_line_error_before_any_work(tmp_path, flags, expected):
     model_dir = tmp_path / "run"
