@@ -55,7 +55,7 @@ def _read(pairs: tf.data.Dataset) -> Tuple[Side, Side]:
     sides = []
     for texts, lengths in parts:
         lengths = tf.cast(tf.concat(lengths or [tf.zeros([0], tf.int32)], 0), tf.int64)
-        text = tf.strings.reduce_join(tf.stack(texts)) if texts else tf.constant(b"")
+        text = tf.strings.join(texts) if texts else tf.constant(b"")
         texts.clear()  # the parts' memory, before the other side is joined
         sides.append((text, tf.concat([[0], tf.cumsum(lengths)], 0)))
     return sides[0], sides[1]
