@@ -92,6 +92,20 @@ def test_a_half_written_config_or_vocabulary_is_one_line_naming_it(model_dir, tm
     assert not (tmp_path / "export").exists()
 
 
+def test_a_damaged_checkpoint_index_is_one_line_not_a_fresh_start(model_dir, tmp_path):
+    """TensorFlow takes a directory whose `checkpoint` index does not parse for one without
+    checkpoints: a trainer would start over on top of them. Every program stops instead."""
+    index = model_dir / "checkpoint"
+    cut_short(index)
+    for name, flags, cwd in [("export", [f"--export_dir={tmp_path / 'export'}"], tmp_path),
+                             ("task", [*EXPORTED_RUN, "--train_steps=40"], REPO)]:
+        line = one_error_line(program(name, *flags, f"--model_dir={model_dir}", cwd=cwd), name)
+        assert line.startswith(f"trainer.{name}: error: {index}, the index of the checkpoints "
+                               "beside it, cannot be used (it does not parse)"), line
+    assert sorted(path.name for path in model_dir.glob("ckpt-*.index")) == [
+        "ckpt-15.index", "ckpt-30.index"]
+
+
 def test_a_flag_that_contradicts_the_checkpoint_is_one_line_naming_both(model_dir):
     """The checkpoint was written without float16 loss scaling; mixed_float16 lays the
     optimizer's state out differently."""

@@ -91,9 +91,30 @@ def warn_on_stderr(message: str):
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
+def checkpoint_state(model_dir: str):
+    """The directory's checkpoint index (`tf.train.get_checkpoint_state`), None when it
+    has no checkpoint. Raises ModelDirError, one line, when the index
+    (`<model_dir>/checkpoint`) is there but does not read while checkpoint files lie beside
+    it: TensorFlow would take the directory for an empty one, and a trainer would start
+    over on top of them. (No index at all is what a kill leaves before the first
+    checkpoint is recorded: a new start, as TensorFlow takes it.)"""
+    index = os.path.join(model_dir, "checkpoint")
+    try:
+        state, reason = tf.train.get_checkpoint_state(model_dir), "it does not parse"
+    except ValueError as e:  # parses, but names no newest checkpoint
+        state, reason = None, _one_line(e)
+    if (state is None and tf.io.gfile.exists(index)
+            and tf.io.gfile.glob(os.path.join(model_dir, "ckpt-*.index"))):
+        raise ModelDirError(
+            f"{index}, the index of the checkpoints beside it, cannot be used ({reason}); "
+            "restore it from a copy, or write it naming the newest: "
+            'model_checkpoint_path: "ckpt-<step>"')
+    return state
+
+
 def checkpoints(model_dir: str) -> List[str]:
     """Checkpoint prefixes of the directory, oldest first."""
-    state = tf.train.get_checkpoint_state(model_dir)
+    state = checkpoint_state(model_dir)
     if state is None or not state.all_model_checkpoint_paths:
         raise FileNotFoundError(f"no checkpoint in {model_dir}")
     return list(state.all_model_checkpoint_paths)

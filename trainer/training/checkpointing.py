@@ -63,8 +63,10 @@ class Checkpointer:
 
     @property
     def latest(self) -> Optional[str]:
-        """The newest checkpoint prefix in the model directory, if any."""
-        return tf.train.latest_checkpoint(self.model_dir)
+        """The newest checkpoint prefix in the model directory, if any (ModelDirError when
+        its index is damaged: `layout.checkpoint_state`)."""
+        state = layout.checkpoint_state(self.model_dir)
+        return state.model_checkpoint_path if state else None
 
     def restore(self, log: Callable[[str], None] = print) -> int:
         """Restores the newest checkpoint that reads whole, if there is one; returns the
