@@ -53,13 +53,16 @@ def kill_9_at(flags, model_dir, rng, while_writing, log, beside=None):
         beside(process.pid)
         process.send_signal(signal.SIGCONT)
 
-    def staging():  # a checkpoint's staging files (TensorFlow's <prefix>_temp) not seen before
+    def staged():  # checkpoints' staging files (TensorFlow's <prefix>_temp)
         return {os.path.join(directory, name) for directory in (model_dir, stream_dir)
                 if os.path.isdir(directory)
-                for name in os.listdir(directory) if "_temp" in name} - left_before
+                for name in os.listdir(directory) if "_temp" in name}
 
-    left_before = set()
-    left_before = staging()  # by an earlier kill
+    left_before = staged()  # by an earlier kill
+
+    def staging():  # the staging files of a write since
+        return staged() - left_before
+
     if while_writing:
         while not staging() and process.poll() is None:
             time.sleep(0.0005)

@@ -105,7 +105,7 @@ def _train_and_export(model_config: TransformerConfig, data_config: DataConfig, 
     if run.deterministic:
         tf.config.experimental.enable_op_determinism()
     source = sources.select(data_config)
-    if run.init_from and not tf.train.latest_checkpoint(run.model_dir):
+    if run.init_from and layout.checkpoint_state(run.model_dir) is None:
         vocabulary.copy_vocabulary(run.init_from, run.model_dir)
     data = input_pipeline.build(source, run.model_dir, data_config)
     log(f"data: {data.report}")

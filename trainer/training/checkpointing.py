@@ -48,8 +48,9 @@ class Checkpointer:
         self.tracked = {"model": model, "optimizer": optimizer}
         if moving_average is not None:
             self.tracked["moving_average"] = moving_average
-        if dropout_states(model):
-            self.tracked["dropout_rng"] = dropout_states(model)
+        dropout_rng = dropout_states(model)
+        if dropout_rng:
+            self.tracked["dropout_rng"] = dropout_rng
         self.checkpoint = tf.train.Checkpoint(**self.tracked)
         self.restored: Optional[str] = None  # the checkpoint `restore` read
         self.manager = tf.train.CheckpointManager(
