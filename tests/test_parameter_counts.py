@@ -63,6 +63,8 @@ def count(config):
 
 
 COUNTS = {}
+# One worker builds each model once (a big one takes 4 s), for every test that counts it.
+pytestmark = pytest.mark.xdist_group("parameter_counts")
 
 
 def counted(name):
