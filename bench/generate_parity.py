@@ -22,7 +22,7 @@ both lengths, EOS counted. Both searches prune (the beam, and generate()'s stopp
 guess), so a near tie at one step, which the two softmaxes' small differences can tip,
 sends them down different paths from there on.
 
-Needs torch and transformers (benchmark-only installs: bench/README.md says how). About 5
+Needs torch and transformers (benchmark-only installs: bench/README.md says how). About 4
 minutes for the default five models. Run it from the repository root:
 
   python bench/generate_parity.py [--models=100:separate:1,150:shared:2,200:separate:3,300:shared:4,120:separate:5]
@@ -102,10 +102,10 @@ def compare(model_dir: Path, marian_dir: Path, inputs, root: Path) -> dict:
     import tensorflow as tf
     import torch
     import transformers
-    from keras_transformer import EOS_ID
     from trainer.conversion import marian
     from trainer.data import vocabulary
     from trainer.model_dir import layout
+    from trainer.serving.translator import Translator
     hf = transformers.MarianMTModel.from_pretrained(str(marian_dir)).eval()
     tokenizer = transformers.MarianTokenizer.from_pretrained(str(marian_dir))
     with torch.no_grad():
@@ -114,13 +114,13 @@ def compare(model_dir: Path, marian_dir: Path, inputs, root: Path) -> dict:
     settings = json.loads((marian_dir / "generation_config.json").read_text())
 
     def searched(directory, settings):
-        """(model, target tokenizer, source ids, our outputs) of a model directory."""
-        model = layout.restore_model(str(directory))
-        tokenizers = vocabulary.load_or_train(str(directory), None)
-        source_ids = tf.ragged.constant(
-            [row + [EOS_ID] for row in
-             tokenizers.source.tokenize(tf.constant(inputs)).to_list()]).to_tensor()
-        return model, tokenizers.target, source_ids, our_search(model, source_ids, settings)
+        """(model, target tokenizer, source ids, our outputs) of a model directory, its
+        inputs read as its exports read them (Translator.source_ids)."""
+        translator = Translator(layout.restore_model(str(directory)),
+                                vocabulary.load_or_train(str(directory), None))
+        source_ids = translator.source_ids(tf.constant(inputs))
+        return (translator.model, translator.target_tokenizer, source_ids,
+                our_search(translator.model, source_ids, settings))
 
     def texts(outputs, target):
         return [t.decode() for t in target.detokenize(tf.ragged.constant(outputs)).numpy()]

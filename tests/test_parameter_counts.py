@@ -13,6 +13,9 @@ import pytest
 
 from keras_transformer import Transformer, TransformerConfig
 
+# One worker builds each model once (a big one takes 4 s), for every test that counts it.
+pytestmark = pytest.mark.xdist_group("parameter_counts")
+
 BASE = TransformerConfig.base(vocab_size=37000)
 R = dataclasses.replace
 
@@ -63,8 +66,6 @@ def count(config):
 
 
 COUNTS = {}
-# One worker builds each model once (a big one takes 4 s), for every test that counts it.
-pytestmark = pytest.mark.xdist_group("parameter_counts")
 
 
 def counted(name):
