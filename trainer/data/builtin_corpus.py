@@ -67,9 +67,10 @@ import random
 MAX_NUMBER = 999_999_999
 # The corpus' vocabulary when none is asked for. German number words are compounds of
 # about 40 morphemes ("drei", "hundert", "und", "zwanzig"); with pieces near those, a
-# model learns how they compose, where the size the default rule gives (about 1,700,
-# many whole compounds) leaves each compound to be learned from the few sentences that
-# have it, and a quick model gets several times as many numbers wrong (docs/runs.md).
+# model learns how they compose, where the vocabulary the default rule gives (it asks for
+# 4,413 pieces, of which SentencePiece's BPE makes 1,729, many whole compounds;
+# docs/data.md) leaves each compound to be learned from the few sentences that have it,
+# and a quick model gets several times as many numbers wrong (docs/runs.md).
 VOCAB_SIZE = 500
 # The number the README's Quick start translates, and the main job translates at its end:
 # "three hundred and five thousand" -> "dreihundertfünftausend".
