@@ -3,7 +3,7 @@
 The paper rounds to millions and does not state the vocabulary behind its counts. Our
 counts are a few percent under the paper's for every base-family row, and the gap is
 the same embedding-sized amount in every row: the paper's counts imply an embedding of
-about 41k rows at d_model=512 (see README, "Parameter counts").
+about 41k rows at d_model=512 (see docs/library.md, "Parameter counts").
 """
 
 import dataclasses

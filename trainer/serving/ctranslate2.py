@@ -19,7 +19,7 @@ and written by its `Converter`:
     vocabulary's pieces in id order (pad, unk, bos, eos are ids 0-3 in both).
 
 The exported directory also holds the SentencePiece model(s), so a client tokenizes with
-them: see the README ("Serving with CTranslate2").
+them: see docs/serving.md, "CTranslate2".
 """
 
 import dataclasses
