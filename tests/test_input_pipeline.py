@@ -101,8 +101,9 @@ def test_every_pair_appears_exactly_once_per_epoch(multi30k, tokenizers):
 
 def test_the_streams_saved_state_is_its_position_not_its_pairs(multi30k, tokenizers, tmp_path):
     """A checkpoint of the training stream costs the same for a corpus ten times larger,
-    under 1 MB: the shuffle is by index (trainer/data/shuffling.py), so the state holds the
-    position and the batches in flight, not pairs waiting in a buffer (MBs here)."""
+    under 1 MB: each epoch's order is drawn from the seed and the epoch
+    (trainer/data/shuffling.py), so the state holds the position and the batches in
+    flight, not pairs waiting in a buffer (MBs here)."""
     config = DataConfig(max_len=64, batch_tokens=1024, seed=1)
 
     def state_bytes(pairs, name):

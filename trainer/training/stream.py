@@ -4,8 +4,8 @@ Each worker reads its shard of the training pairs through one tf.data iterator, 
 feeds the worker's replicas in turn (replica 0 the first batch, replica 1 the next, ...).
 With every model checkpoint, each worker saves that iterator's state (its position in
 the shuffled order, the pairs being tokenized, the bucketing windows, the batches in
-flight: a few hundred kB, whatever the corpus, as the order is drawn by index from the
-pairs in memory, trainer/data/shuffling.py) as
+flight: a few hundred kB, whatever the corpus, as the order is a permutation drawn from
+the seed and the epoch over the pairs in memory, trainer/data/shuffling.py) as
 `<model_dir>/training_stream/pipeline_<i>/ckpt-<step>`, so a resumed run restores its
 stream where the checkpointed run left it, in a time that does not grow with the step.
 tf.distribute's own iterators cannot be checkpointed, hence the plain one.
@@ -59,8 +59,8 @@ class TrainingStream:
         """The stream from its beginning."""
         start = time.perf_counter()
         self.iterator = iter(self.data.train_dataset(self.context))
-        self.log(f"training stream: pairs read into memory and shuffled by index in "
-                 f"{time.perf_counter() - start:.1f} s")
+        self.log(f"training stream: pairs read into memory, a seeded permutation per epoch, "
+                 f"in {time.perf_counter() - start:.1f} s")
         self.checkpoint = tf.train.Checkpoint(iterator=self.iterator)
         self.manager = tf.train.CheckpointManager(self.checkpoint, self.directory,
                                                   max_to_keep=self.keep, checkpoint_name="ckpt")
