@@ -46,3 +46,19 @@ def test_another_hosts_lock_is_taken_over_only_with_force_unlock(tmp_path):
            "host another-host since 2026-01-01T00:00:00+00:00 (--force_unlock)" in \
         forced.stderr.splitlines()
     assert not (model_dir / LOCK).exists()
+
+
+def test_a_model_dir_that_is_not_a_directory_is_one_line(tmp_path):
+    """A file where the model directory would go, or on its path: one line naming it,
+    before any work, and the file untouched (os.makedirs' FileExistsError and
+    NotADirectoryError were tracebacks)."""
+    taken = tmp_path / "taken"
+    taken.write_text("a file\n")
+    for model_dir, line in (
+            (taken, f"{taken} exists and is not a directory: use another --model_dir"),
+            (taken / "model", f"{taken / 'model'} cannot be made: a part of its path is a "
+                              "file, not a directory")):
+        result = run(trainer(model_dir))
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert result.stderr.strip().splitlines() == [f"trainer.task: error: {line}"]
+    assert taken.read_text() == "a file\n"

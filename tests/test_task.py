@@ -229,6 +229,29 @@ def test_bad_flags_give_a_one_line_error_before_any_work(tmp_path, flags, expect
     assert not model_dir.exists(), "no work may happen before the error"
 
 
+def test_a_run_its_data_cannot_serve_stops_in_one_line_before_the_model_directory(tmp_path):
+    """Training files of 3 and 2 lines: the line-count error, and the model directory is
+    neither made nor looked at, so what its path holds does not change the line. (The
+    lock's makedirs came first: it left an empty directory behind, and a path that held
+    no directory when it looked, a file, or a directory another program was moving,
+    ended in a FileExistsError traceback instead.)"""
+    for name, lines in (("train.en", "a\nb\nc\n"), ("train.de", "x\ny\n"),
+                        ("val.en", "a\n"), ("val.de", "x\n")):
+        (tmp_path / name).write_text(lines)
+    files = [f"--train_src={tmp_path / 'train.en'}", f"--train_tgt={tmp_path / 'train.de'}",
+             f"--eval_src={tmp_path / 'val.en'}", f"--eval_tgt={tmp_path / 'val.de'}"]
+    taken = tmp_path / "taken"
+    taken.write_text("not a model directory\n")
+    for model_dir in (tmp_path / "new", taken):
+        result = task(*files, f"--model_dir={model_dir}", "--export_dir=none", timeout=300)
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert result.stderr.strip().splitlines() == [
+            f"trainer.task: error: source and target line counts differ: "
+            f"{tmp_path / 'train.en'} has 3 lines, {tmp_path / 'train.de'} has 2"]
+    assert not (tmp_path / "new").exists()
+    assert taken.read_text() == "not a model directory\n"
+
+
 def test_the_time_budget_stops_training_with_a_checkpoint_before_train_steps(tmp_path):
     model_dir = str(tmp_path / "run")
     result = task(*QUICK, "--train_steps=100000", "--max_train_minutes=0.02",

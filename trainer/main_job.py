@@ -92,19 +92,23 @@ def train_and_export(model_config: TransformerConfig, data_config: DataConfig, r
     """
     strategy = distribute.make_strategy(run.num_cpu_replicas)
     run = dataclasses.replace(run, precision=run.precision or distribute.default_precision())
-    # One trainer per model directory (the chief's lock), from before its first write.
-    with (lock.held(run.model_dir, run.force_unlock) if distribute.is_chief()
-          else contextlib.nullcontext()):
-        return _train_and_export(model_config, data_config, run, strategy, log)
-
-
-def _train_and_export(model_config: TransformerConfig, data_config: DataConfig, run: RunConfig,
-                      strategy, log: Callable[[str], None]) -> Optional[str]:
-    """`train_and_export`'s run, under the model directory's lock."""
     keras.utils.set_random_seed(run.seed)
     if run.deterministic:
         tf.config.experimental.enable_op_determinism()
+    # The data's own checks (its files, their line counts, UTF-8) before the model
+    # directory is made or locked: a run its data cannot serve stops with that one line and
+    # leaves nothing there, whatever the path holds.
     source = sources.select(data_config)
+    # One trainer per model directory (the chief's lock), from before its first write.
+    with (lock.held(run.model_dir, run.force_unlock) if distribute.is_chief()
+          else contextlib.nullcontext()):
+        return _train_and_export(model_config, data_config, source, run, strategy, log)
+
+
+def _train_and_export(model_config: TransformerConfig, data_config: DataConfig,
+                      source: sources.Source, run: RunConfig, strategy,
+                      log: Callable[[str], None]) -> Optional[str]:
+    """`train_and_export`'s run on `source`, under the model directory's lock."""
     if run.init_from and layout.checkpoint_state(run.model_dir) is None:
         vocabulary.copy_vocabulary(run.init_from, run.model_dir)
     data = input_pipeline.build(source, run.model_dir, data_config)

@@ -31,7 +31,8 @@ def held(model_dir: str, force: bool = False,
 
     Raises:
       ModelDirError: another live trainer holds it (one line naming it), or another host's
-        trainer does and `force` is False.
+        trainer does and `force` is False; or model_dir is not a directory and cannot be
+        made one.
     """
     path = os.path.join(model_dir, LOCK_FILE)
     if "://" in model_dir:
@@ -39,13 +40,39 @@ def held(model_dir: str, force: bool = False,
              "time writes it")
         yield path
         return
-    os.makedirs(model_dir, exist_ok=True)
+    _make_directory(model_dir)
     mine = _take(path, force, warn)
     try:
         yield path
     finally:
         if _read(path) == mine:  # not taken over meanwhile by --force_unlock
             os.remove(path)
+
+
+def _make_directory(model_dir: str):
+    """Makes model_dir (and its parents) unless it is a directory already.
+
+    os.makedirs(exist_ok=True) still raises FileExistsError when the name is there but is
+    no directory when it looks: a file or a dangling symlink, or a directory that another
+    program removed or moved aside (a rename onto it, a cleanup) between its mkdir and its
+    check. The first is one line; the second, made again.
+
+    Raises:
+      ModelDirError: model_dir, or a directory on its path, is something else.
+    """
+    for _ in range(5):
+        try:
+            os.makedirs(model_dir, exist_ok=True)
+            return
+        except FileExistsError:
+            if os.path.lexists(model_dir) and not os.path.isdir(model_dir):
+                raise ModelDirError(f"{model_dir} exists and is not a directory: use another "
+                                    "--model_dir") from None
+        except NotADirectoryError:
+            raise ModelDirError(f"{model_dir} cannot be made: a part of its path is a file, "
+                                "not a directory") from None
+    raise ModelDirError(f"{model_dir} keeps disappearing as it is made: another program is "
+                        "removing or moving it")
 
 
 def _take(path: str, force: bool, warn: Callable[[str], None]) -> dict:
