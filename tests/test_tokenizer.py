@@ -219,3 +219,66 @@ def test_an_existing_sentencepiece_model_is_adopted_not_retrained(tmp_path, trai
     with pytest.raises(tokenizer_lib.VocabularyError, match=f"{marian} has pad/unk/bos/eos"):
         vocabulary.adopt([str(marian)], str(tmp_path / "other"))
     assert not (tmp_path / "other").exists()
+
+
+@pytest.fixture(scope="module")
+def numbers_spm():
+    """(serialized model, sentencepiece processor) of a 300-piece vocabulary of German
+    number words, which lacks "ö": "zwölf" falls back to the bytes of "ö"."""
+    import sentencepiece as spm
+    from trainer.data.builtin_corpus import german
+    proto = tokenizer_lib.train_sentencepiece([german(7 + 389 * i) for i in range(3000)], 300)
+    return proto, spm.SentencePieceProcessor(model_proto=proto)
+
+
+def test_a_vocabularys_byte_pieces_read_as_sentencepiece_reads_them(numbers_spm, tmp_path):
+    """A tokenizer with a `vocabulary` (a converted model's, here in another order than
+    the SentencePiece model's) reads runs of byte pieces as SentencePiece does, and the
+    text as Hugging Face's MarianTokenizer does (decode_pieces without UNK, "▁" a space,
+    stripped): well-formed characters are themselves, and every byte of none is one
+    U+FFFD, where TF's and Python's replacement give one for a whole cut sequence."""
+    import random
+    proto, sp = numbers_spm
+    own = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    assert "<0xC3>" in sp.encode("zwölf", out_type=str)
+    rest = own[4:]
+    random.Random(1).shuffle(rest)
+    pieces = own[:4] + rest
+    tokenizer = Tokenizer(proto, vocabulary=pieces)
+    index = {piece: i for i, piece in enumerate(pieces)}
+
+    def byte_pieces(data: bytes):
+        return [f"<0x{b:02X}>" for b in data]
+
+    zwoelf = ["▁", "z", "w", "<0xC3>", "<0xB6>", "l", "f"]
+    runs = [byte_pieces("zwölf €😀 東京".encode()), zwoelf, zwoelf[:4] + zwoelf[5:],
+            ["<0xB6>"], byte_pieces(b"\xe2\x82"),  # a lone continuation byte, a cut "€"
+            byte_pieces(b"\xf0\x9f\x98"), byte_pieces(b"\xc0\xaf"),  # a cut "😀", overlong "/"
+            byte_pieces(b"\xed\xa0\x80"), byte_pieces(b"\xf4\x90\x80\x80"),  # surrogate, > U+10FFFF
+            byte_pieces(b"\xe0\x9f\xbf\xf0\x8f\xbf\xbf\xff\xf5"),
+            ["<0xE2>", "<unk>", "<0x82>", "<0xAC>", "▁", "<0xC3>", "▁", "<0xB6>"],  # across UNK
+            byte_pieces("\u2003a\u00a0".encode()), ["<0x20>", "▁", "z", "<0x0A>"],  # stripped
+            byte_pieces("\u200bb\u200b".encode())]  # kept: not whitespace
+    values = [0x00, 0x20, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xB6, 0xBF, 0xC0, 0xC2, 0xC3,
+              0xDF, 0xE0, 0xE2, 0xED, 0xEF, 0xF0, 0xF4, 0xF5, 0xFF]
+    words = [p for p in own[4:] if not sp.is_byte(sp.piece_to_id(p))]
+    rng = random.Random(0)
+    runs += [[f"<0x{rng.choice(values):02X}>" if rng.random() < 0.7 else rng.choice(words)
+              for _ in range(rng.randint(1, 10))] for _ in range(500)]
+    ids = tf.ragged.constant([[index[p] for p in run] for run in runs], tf.int32)
+    ours = [t.decode("utf-8") for t in tokenizer.detokenize(ids).numpy()]
+    theirs = [sp.decode_pieces([p for p in run if p != "<unk>"]).replace("\u2581", " ").strip()
+              for run in runs]
+    assert ours == theirs
+    assert ours[:5] == ["zwölf €😀 東京", "zwölf", "zw\ufffdlf", "\ufffd", "\ufffd\ufffd"]
+    assert ours[10] == "€ \ufffd \ufffd"
+    # The pieces keep their names.
+    assert tokenizer.id_to_piece(tf.constant([index["<0xC3>"]])).numpy().tolist() == [b"<0xC3>"]
+    # In graph ops only: a SavedModel reads them so.
+    module = tf.Module()
+    module.tokenizer = tokenizer
+    module.detokenize = tf.function(tokenizer.detokenize,
+                                    input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    tf.saved_model.save(module, str(tmp_path / "saved"))
+    loaded = tf.saved_model.load(str(tmp_path / "saved"))
+    assert [t.decode("utf-8") for t in loaded.detokenize(ids.to_tensor()).numpy()] == ours

@@ -21,6 +21,9 @@ A converted model's SentencePiece models (trainer.convert, e.g. from OPUS-MT) se
 do not number: its tokenizers number pieces by the model's own list of them in id order
 (`Tokenizer`'s `vocabulary`), and a piece the list lacks is UNK. A leading target-language
 code of a multilingual model (">>fra<<") is one piece, as in Hugging Face's MarianTokenizer.
+Its text is read as MarianTokenizer reads it, byte pieces included (trainer/data/
+byte_fallback.py): a model trained here, exported to Hugging Face and converted back,
+writes "zwölf", not "zw<0xC3><0xB6>lf".
 
 The files a model directory keeps them in: trainer/data/vocabulary.py.
 """
@@ -40,7 +43,7 @@ from tensorflow_text.python.ops import sentencepiece_tokenizer as tf_text_senten
 
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from trainer.config import SUBWORD_MODELS
-from trainer.data import punctuation
+from trainer.data import byte_fallback, punctuation
 from trainer.model_dir import files
 
 # The paper's shared en-de vocabulary (section 5.1).
@@ -52,6 +55,9 @@ _FIXED_PIECES = 4 + 256
 SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")
 # A multilingual Marian model's target-language piece, written first in the input.
 LANGUAGE_CODE = re.compile(">>.*<<")
+# Leading or trailing whitespace as Python's str.strip() sees it (MarianTokenizer strips
+# its text so), in RE2: ASCII's, the separators \x1c-\x1f, NEL and Unicode's Z category.
+_WHITESPACE = r"[\t-\r\x{1c}-\x{20}\x{85}\pZ]"
 
 
 class VocabularyError(ValueError):
@@ -154,8 +160,9 @@ class Tokenizer(tf.Module):
       vocabulary: the model's pieces in id order, SPECIAL_PIECES first, when they are not
         the SentencePiece model's own (a converted model): the SentencePiece model then
         only segments, a piece outside the vocabulary is UNK, and text is the pieces
-        joined, "▁" read as a space, without UNK (as Hugging Face's MarianTokenizer
-        decodes).
+        joined without UNK, runs of byte pieces read as UTF-8, "▁" read as a space and
+        whitespace stripped, as Hugging Face's MarianTokenizer decodes (byte runs as
+        SentencePiece's decoder reads them: trainer/data/byte_fallback.py).
     """
 
     def __init__(self, model_proto: bytes, path: Optional[str] = None,
@@ -190,6 +197,8 @@ class Tokenizer(tf.Module):
             # [SentencePiece ids] -> the model's ids; [model ids] -> pieces.
             self._model_ids = tf.constant([index.get(piece, UNK_ID) for piece in own], tf.int32)
             self._pieces = tf.constant(list(vocabulary))
+            self._byte_values = tf.constant(byte_fallback.byte_values(vocabulary, processor),
+                                            tf.int32)
             codes = [piece for piece in vocabulary if LANGUAGE_CODE.fullmatch(piece)]
             self._codes = tf.constant(codes or [""], tf.string)
             self._code_ids = tf.constant([index[c] for c in codes] or [UNK_ID], tf.int32)
@@ -275,9 +284,16 @@ class Tokenizer(tf.Module):
         keep = before_eos & (ids != PAD_ID) & (ids != BOS_ID)
         if self._vocabulary is None:
             return self._sentencepiece.detokenize(tf.ragged.boolean_mask(ids, keep))
-        pieces = tf.gather(self._pieces, tf.ragged.boolean_mask(ids, keep & (ids != UNK_ID)))
-        text = tf.strings.regex_replace(tf.strings.reduce_join(pieces, axis=-1), "\u2581", " ")
-        return tf.strings.strip(text)
+        # Without UNK, as MarianTokenizer drops it before SentencePiece reads the rest: the
+        # byte pieces on either side of one are one run. Dense again, to read runs across
+        # positions; the padding's "<pad>" is no byte and no text.
+        kept = tf.ragged.boolean_mask(ids, keep & (ids != UNK_ID))
+        kept_ids = kept.to_tensor(default_value=PAD_ID)  # [batch, pieces]
+        real = tf.sequence_mask(kept.row_lengths(), tf.shape(kept_ids)[1])
+        pieces = tf.where(real, tf.gather(self._pieces, kept_ids), "")
+        texts = byte_fallback.texts(pieces, tf.gather(self._byte_values, kept_ids))
+        text = tf.strings.regex_replace(tf.strings.reduce_join(texts, axis=1), "\u2581", " ")
+        return tf.strings.regex_replace(text, f"^{_WHITESPACE}+|{_WHITESPACE}+$", "")
 
 
 @dataclasses.dataclass(frozen=True)

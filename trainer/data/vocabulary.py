@@ -7,7 +7,8 @@ loaded, never retrained, so a resumed run tokenizes exactly as before.
 A converted model (trainer.convert, e.g. from OPUS-MT) keeps its own SentencePiece
 models, which segment but do not number: `vocabulary.json` beside them lists the model's
 pieces in id order, for the source and the target (trainer/data/tokenizer.py applies
-them).
+them, and reads their byte pieces, "<0xC3>", as the bytes they stand for, as Hugging
+Face's MarianTokenizer does).
 
 `normalization.json`, when present, names the language whose Moses punctuation rules
 (trainer/data/punctuation.py) normalize every source text before SentencePiece, in

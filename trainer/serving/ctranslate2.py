@@ -19,7 +19,8 @@ and written by its `Converter`:
     vocabulary's pieces in id order (pad, unk, bos, eos are ids 0-3 in both).
 
 The exported directory also holds the SentencePiece model(s), so a client tokenizes with
-them: see docs/serving.md, "CTranslate2".
+them, and reads the output pieces with the target's `decode`, which reads byte pieces
+("<0xC3>") as the SavedModel does: see docs/serving.md, "CTranslate2".
 """
 
 import dataclasses
