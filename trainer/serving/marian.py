@@ -45,6 +45,10 @@ from trainer.model_dir.weights import WeightsChoice, final_model
 
 DESCRIPTION = "Hugging Face Marian checkpoint"
 MARIAN_EPSILON = 1e-5  # nn.LayerNorm's default, which MarianMTModel's layers keep
+# How far Transformers' log-prob of a token moves when Marian's epsilon replaces
+# TransformerConfig's 1e-6: 1.1e-6 on average on the main job's model (docs/pretrained.md,
+# "Back to Hugging Face"; tests/test_marian_export.py keeps it under 1e-5).
+EPSILON_LOG_PROB_CHANGE = 1e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +114,11 @@ def notes(config: TransformerConfig, decode: DecodeConfig,
                      f"does ({normalize_punctuation!r}): normalize inputs first "
                      f"(sacremoses.MosesPunctNormalizer({normalize_punctuation!r}))")
     if config.layer_norm_epsilon != MARIAN_EPSILON:
+        effect = (f"Transformers' log-probs move by about {EPSILON_LOG_PROB_CHANGE:g} a token"
+                  if config.layer_norm_epsilon == TransformerConfig.layer_norm_epsilon
+                  else "its logits differ slightly")
         lines.append(f"Marian's layer norms add {MARIAN_EPSILON:g} to the variance where this "
-                     f"model's add {config.layer_norm_epsilon:g}: its logits differ slightly")
+                     f"model's add {config.layer_norm_epsilon:g}: {effect}")
     if decode.length_penalty != "average":
         lines.append(f"generate() ranks beams by log-prob / length^{decode.alpha:g}, not by "
                      f"the model directory's gnmt penalty ((5 + length) / 6)^{decode.alpha:g}")
