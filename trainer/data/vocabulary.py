@@ -25,17 +25,12 @@ import tensorflow as tf
 
 from trainer.data import punctuation
 from trainer.data.tokenizer import Tokenizer, Tokenizers, VocabularyError, train_sentencepiece
-from trainer.model_dir import files
+from trainer.model_dir import files, layout
 
-SHARED_MODEL = "spm.model"
-SOURCE_MODEL = "spm_source.model"
-TARGET_MODEL = "spm_target.model"
-VOCABULARY = "vocabulary.json"
-# {"punctuation": a language code}: Moses' punctuation rules for that language normalize
-# every source text before SentencePiece (absent: none).
-NORMALIZATION = "normalization.json"
-# Every file a model directory's vocabulary may have.
-_FILES = (SHARED_MODEL, SOURCE_MODEL, TARGET_MODEL, VOCABULARY, NORMALIZATION)
+# The files, named once for every model directory (trainer/model_dir/layout.py).
+SHARED_MODEL, SOURCE_MODEL, TARGET_MODEL = (layout.SHARED_MODEL, layout.SOURCE_MODEL,
+                                            layout.TARGET_MODEL)
+VOCABULARY, NORMALIZATION = layout.VOCABULARY, layout.NORMALIZATION
 
 
 def load_or_train(model_dir: str,
@@ -188,7 +183,8 @@ def _checked_size(tokenizers: Tokenizers, vocab_size: Optional[int]) -> Tokenize
 
 def has_vocabulary(model_dir: str) -> bool:
     """Whether model_dir holds a vocabulary file (whole or not)."""
-    return any(tf.io.gfile.exists(os.path.join(model_dir, name)) for name in _FILES)
+    return any(tf.io.gfile.exists(os.path.join(model_dir, name))
+               for name in layout.VOCABULARY_FILES)
 
 
 def adopt(spm_models: Sequence[str], model_dir: str):
@@ -211,14 +207,9 @@ def copy_vocabulary(from_dir: str, to_dir: str):
     already (a run that starts from another model keeps that model's vocabulary)."""
     if has_vocabulary(to_dir):
         return
-    found = [name for name in _FILES if tf.io.gfile.exists(os.path.join(from_dir, name))]
-    if not found:
+    if not layout.copy_model_files(from_dir, to_dir, layout.VOCABULARY_FILES):
         raise VocabularyError(f"{from_dir} holds no vocabulary ({SHARED_MODEL}, or "
                               f"{SOURCE_MODEL} and {TARGET_MODEL}): is it a model directory?")
-    tf.io.gfile.makedirs(to_dir)
-    for name in found:
-        with tf.io.gfile.GFile(os.path.join(from_dir, name), "rb") as f:
-            files.write_atomically(os.path.join(to_dir, name), f.read())
 
 
 def save_converted(model_dir: str, source_model: bytes, target_model: bytes,

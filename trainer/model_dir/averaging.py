@@ -3,11 +3,11 @@ obtained by averaging the last 5 checkpoints, which were written at 10-minute in
 For the big models, we averaged the last 20 checkpoints."
 
 The averaged model is written as a model directory of its own, `<model_dir>/averaged`,
-with config.json, the vocabulary and one checkpoint `ckpt-<last step>`.
+with the files that make a model directory (`layout.MODEL_FILES`: config.json, the
+vocabulary, its normalization) and one checkpoint `ckpt-<last step>`.
 """
 
 import os
-import shutil
 from typing import Callable, List, Tuple
 
 import numpy as np
@@ -52,9 +52,7 @@ def write_averaged(model_dir: str, last: int,
     model, paths = average_checkpoints(model_dir, last, warn)
     step = int(paths[-1].rsplit("-", 1)[-1])
     with files.staged_directory(model_dir) as staging:
-        for name in os.listdir(model_dir):
-            if name == layout.CONFIG_FILE or name.endswith(".model"):
-                shutil.copy(os.path.join(model_dir, name), staging.path)
+        layout.copy_model_files(model_dir, staging.path)
         # The manager's state file names the checkpoint relative to its directory, so it
         # still holds once the directory is renamed.
         tf.train.CheckpointManager(tf.train.Checkpoint(model=model), staging.path,

@@ -1,23 +1,56 @@
 """The layout of a model directory: config.json (the model, and how it translates), the
-SentencePiece model(s), checkpoints (ckpt-<step>) and TensorBoard summaries (train/,
-eval/)."""
+vocabulary's files, checkpoints (ckpt-<step>) and TensorBoard summaries (train/, eval/).
+
+`MODEL_FILES` are the files beside the checkpoints that make a model directory: a reader
+needs them all to rebuild the model and turn text into its ids and back. A directory made
+from another (an average of its checkpoints, a run started `--init_from` it) copies them
+with `copy_model_files`, so a file added to the list is carried everywhere at once.
+"""
 
 import contextlib
 import json
 import os
 import sys
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
 from keras_transformer import DecodeConfig, Transformer, TransformerConfig
 from trainer.model_dir import files
 
+# {"model": the TransformerConfig, "decode": the DecodeConfig it translates with}.
 CONFIG_FILE = "config.json"
+# The vocabulary (trainer/data/vocabulary.py): one SentencePiece model shared by both
+# sides, or one per side; for a converted model, the pieces of each side in the model's
+# id order (its SentencePiece models only segment).
+SHARED_MODEL = "spm.model"
+SOURCE_MODEL = "spm_source.model"
+TARGET_MODEL = "spm_target.model"
+VOCABULARY = "vocabulary.json"
+# {"punctuation": a language code}: Moses' punctuation rules for that language normalize
+# every source text before SentencePiece (absent: none).
+NORMALIZATION = "normalization.json"
+# How text becomes the model's ids and back: what a run started from another inherits.
+VOCABULARY_FILES = (SHARED_MODEL, SOURCE_MODEL, TARGET_MODEL, VOCABULARY, NORMALIZATION)
+# Everything beside the checkpoints that a reader of the model needs.
+MODEL_FILES = (CONFIG_FILE,) + VOCABULARY_FILES
 
 
 class ModelDirError(ValueError):
     """The model directory cannot serve the run as asked; the message is one line."""
+
+
+def copy_model_files(from_dir: str, to_dir: str,
+                     names: Sequence[str] = MODEL_FILES) -> List[str]:
+    """Copies those of `names` (MODEL_FILES by default) that from_dir holds into to_dir,
+    each atomically; returns the names copied."""
+    found = [name for name in names if tf.io.gfile.exists(os.path.join(from_dir, name))]
+    if found:
+        tf.io.gfile.makedirs(to_dir)
+    for name in found:
+        with tf.io.gfile.GFile(os.path.join(from_dir, name), "rb") as f:
+            files.write_atomically(os.path.join(to_dir, name), f.read())
+    return found
 
 
 def save_config(model_dir: str, model_config: TransformerConfig,
