@@ -4,6 +4,7 @@ OPUS-MT path: a converted Marian model fine-tuned the same way."""
 
 import math
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import QUICK, REPO, _env, summaries
-from keras_transformer import Transformer
+from keras_transformer import BOS_ID, PAD_ID, Transformer
 from trainer.conversion import marian
 from trainer.data import builtin_corpus
 from trainer.model_dir import layout
@@ -85,24 +86,49 @@ def model_weights(model: keras.Model):
     return [(weight.path, weight.numpy()) for weight in model.weights]
 
 
-def test_a_converted_opus_mt_model_fine_tunes_from_its_weights(tmp_path):
+def readme_fine_tuning_row():
+    """The README's OPUS-MT row: its three commands (convert, fine-tune, export), as
+    written."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in readme.splitlines() if "OPUS-MT model fine-tuned" in line)
+    commands = [c for c in re.findall(r"`(python -m trainer\.[^`]+)`", row)]
+    assert [c.split()[2] for c in commands] == ["trainer.convert", "trainer.task",
+                                                 "trainer.export"], commands
+    return commands
+
+
+@pytest.fixture(scope="module")
+def fine_tuned(tmp_path_factory):
+    """The README's row run in a fresh directory: the committed Marian fixture in place of
+    opus-mt-en-de, builtin number pairs in place of the `...` files, and two updates.
+    Returns the directory the commands ran in."""
+    root = tmp_path_factory.mktemp("readme_row")
+    data = corpus(root / "data", seed=8, size=300)
+    for command in readme_fine_tuning_row():
+        args = command.split()
+        args = [f"--input={FIXTURE}" if a == "--input=opus-mt-en-de" else a for a in args
+                if not a.endswith("=...")]
+        if args[2] == "trainer.task":
+            args += [*data, *QUICK, "--log_every=1", "--train_steps=2", "--checkpoint_every=2"]
+        result = subprocess.run([sys.executable, *args[1:]], cwd=root, env=_env(),
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, (command, result.stderr[-3000:])
+        (root / f"{args[2]}.out").write_text(result.stdout)
+    return root
+
+
+def test_a_converted_opus_mt_model_fine_tunes_from_its_weights(fine_tuned):
     """(Its export is test_marian's: the same programs read a fine-tuned directory.)"""
-    converted = tmp_path / "opus-mt"
-    marian.convert(str(FIXTURE), str(converted))
-    data = corpus(tmp_path / "data", seed=8, size=300)
-    result = task(*QUICK, "--log_every=1", "--train_steps=2", "--checkpoint_every=2", *data,
-                  f"--init_from={converted}", f"--model_dir={tmp_path / 'tuned'}",
-                  "--hparams=dropout=0.0")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"initialized from {converted}/ckpt-0: its weights" in result.stdout
-    assert (tmp_path / "tuned" / "vocabulary.json").read_bytes() == \
-        (converted / "vocabulary.json").read_bytes()
-    assert sorted(summaries(str(tmp_path / "tuned"), "loss")) == [1, 2]
+    converted, tuned = fine_tuned / "runs" / "opus-mt", fine_tuned / "runs" / "opus-mt-tuned"
+    assert "initialized from runs/opus-mt/ckpt-0: its weights" in \
+        (fine_tuned / "trainer.task.out").read_text()
+    assert (tuned / "vocabulary.json").read_bytes() == (converted / "vocabulary.json").read_bytes()
+    assert sorted(summaries(str(tuned), "loss")) == [1, 2]
     # The converted weights were the start: two warm-up updates (each moves a weight by
     # about the learning rate, 5e-4 per step here) leave every weight near them, where a
     # random start of the same architecture lies far from them.
     start = model_weights(layout.restore_model(str(converted)))
-    tuned = model_weights(layout.restore_model(str(tmp_path / "tuned")))
+    tuned = model_weights(layout.restore_model(str(tuned)))
     keras.utils.set_random_seed(0)
     fresh = Transformer(layout.load_config(str(converted)))
     fresh.build()
@@ -116,3 +142,30 @@ def test_a_converted_opus_mt_model_fine_tunes_from_its_weights(tmp_path):
     alike = [name for (name, _), distance in zip(start, apart) if distance < 0.05]
     assert all("norm" in name for name in alike), alike
     assert len(alike) < len(start) / 2
+
+
+def test_the_readmes_fine_tuning_row_publishes_the_fine_tuned_weights(fine_tuned, tmp_path):
+    """The row's last command exports the fine-tuning run, not the model it started from:
+    the Marian checkpoint it writes, read back, holds the fine-tuned checkpoint's weights
+    exactly, and they are not the converted model's. (But for our PAD's embedding row and
+    output bias, which Marian has no id for.)"""
+    runs = fine_tuned / "runs"
+    published = fine_tuned / "saved_models" / "opus-mt-tuned-marian"
+    marian.convert(str(published), str(tmp_path / "back"))
+    back = model_weights(layout.restore_model(str(tmp_path / "back")))
+    tuned = model_weights(layout.restore_model(str(runs / "opus-mt-tuned")))
+    converted = model_weights(layout.restore_model(str(runs / "opus-mt")))
+    assert len(back) == len(tuned) > 30
+    differing = [i for i, ((_, a), (_, b)) in enumerate(zip(back, tuned))
+                 if not np.array_equal(a, b)]
+    # The shared embedding [vocab, d_model] and the output bias [vocab], by their rows.
+    assert all("embedding" in tuned[i][0] for i in differing) and len(differing) <= 2
+    for i in differing:
+        (_, a), (_, b) = back[i], tuned[i]
+        np.testing.assert_array_equal(a[PAD_ID + 1:], b[PAD_ID + 1:])
+        # The way back gives PAD what a conversion gives it: <pad>'s embedding, which is
+        # our BOS's, and the bias that keeps it out of the softmax.
+        np.testing.assert_array_equal(a[PAD_ID], b[BOS_ID] if a.ndim == 2 else
+                                      marian.ABSENT_BIAS)
+    moved = [not np.array_equal(a, b) for (_, a), (_, b) in zip(back, converted)]
+    assert sum(moved) > len(moved) / 2
