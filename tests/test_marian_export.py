@@ -19,7 +19,8 @@ import tensorflow as tf
 
 from conftest import REPO, _env, run
 from keras_transformer import BOS_ID, EOS_ID, PAD_ID, beam_search
-from trainer.conversion import marian, safetensors
+from trainer.conversion import marian
+from trainer.formats import safetensors
 from trainer.data import vocabulary
 from trainer.data.builtin_corpus import english, german
 from trainer.model_dir import layout

@@ -35,12 +35,14 @@ output projection, other activations.
 
 import json
 import os
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from keras_transformer import DecodeConfig, Transformer, TransformerConfig
-from trainer.conversion import ConversionError, safetensors
+from trainer.conversion import ConversionError
+from trainer.formats import safetensors
+from trainer.formats.marian import PICKLED_WEIGHTS, WEIGHTS, layer_tensors
 from trainer.data import tokenizer as tokenizer_lib, vocabulary
 from trainer.model_dir import files, layout
 
@@ -50,10 +52,8 @@ ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"
 # The output bias of our PAD id, which Marian's vocabulary does not have: the softmax
 # gives it nothing (exp(-1e4) is 0 in float32), in float32 and bfloat16 alike.
 ABSENT_BIAS = -1e4
-WEIGHTS = "model.safetensors"
 # The tensors MarianMTModel holds outside its "model." (MarianModel) part.
 _TOP_LEVEL = ("lm_head.weight", "final_logits_bias")
-PICKLED_WEIGHTS = "pytorch_model.bin"
 
 
 def convert(input_dir: str, model_dir: str,
@@ -262,50 +262,6 @@ def _assign(model: Transformer, weights: _Weights, config: TransformerConfig,
         variable.assign(tensor.T if torch_layout.transposed else tensor)
 
 
-class TorchLayout(NamedTuple):
-    """How a Marian tensor holds one of our variables: transposed (a torch Linear's
-    weight [out, in] is a Dense kernel [in, out]), and which of its axes, if any, runs
-    over the model's width d_model (what trainer/serving/marian.py permutes)."""
-
-    transposed: bool
-    width_axis: Optional[int]
-
-
-def layer_tensors(model: Transformer) -> List[Tuple[str, object, TorchLayout]]:
-    """(Marian tensor name without MarianMTModel's "model.", our variable, its
-    TorchLayout) of every weight of the encoder's and decoder's layers: the one map the
-    conversion and the export back to Marian (trainer/serving/marian.py) both read."""
-    tensors = []
-
-    def linear(name, dense, width_axis):  # torch [out, in]: the input is axis 1
-        tensors.append((f"{name}.weight", dense.kernel, TorchLayout(True, width_axis)))
-        tensors.append((f"{name}.bias", dense.bias,
-                        TorchLayout(False, 0 if width_axis == 0 else None)))
-
-    def attention(name, layer):
-        for projection, dense in (("q_proj", layer.query_dense), ("k_proj", layer.key_dense),
-                                  ("v_proj", layer.value_dense)):
-            linear(f"{name}.{projection}", dense, 1)
-        linear(f"{name}.out_proj", layer.output_dense, 0)
-
-    def layer_norm(name, residual):
-        tensors.append((f"{name}.weight", residual.layer_norm.gamma, TorchLayout(False, 0)))
-        tensors.append((f"{name}.bias", residual.layer_norm.beta, TorchLayout(False, 0)))
-
-    for stack, layers in (("encoder", model.encoder.layers), ("decoder", model.decoder.layers)):
-        for i, layer in enumerate(layers):
-            name = f"{stack}.layers.{i}"
-            attention(f"{name}.self_attn", layer.self_attention)
-            layer_norm(f"{name}.self_attn_layer_norm", layer.self_attention_residual)
-            if stack == "decoder":
-                attention(f"{name}.encoder_attn", layer.cross_attention)
-                layer_norm(f"{name}.encoder_attn_layer_norm", layer.cross_attention_residual)
-            linear(f"{name}.fc1", layer.feed_forward.inner, 1)
-            linear(f"{name}.fc2", layer.feed_forward.outer, 0)
-            layer_norm(f"{name}.final_layer_norm", layer.feed_forward_residual)
-    return tensors
-
-
 def _write(directory: str, model: Transformer, config: TransformerConfig,
            decode: DecodeConfig, input_dir: str, vocabularies: Tuple[_Vocabulary, _Vocabulary]):
     """The model directory, in the empty `directory`; its vocabulary is checked by
@@ -358,7 +314,10 @@ def _read_weights(input_dir: str) -> Dict[str, np.ndarray]:
     path = _weights_path(input_dir)
     if path.endswith(WEIGHTS):
         _require(path)
-        return safetensors.load(path)
+        try:
+            return safetensors.load(path)
+        except safetensors.SafetensorsError as e:
+            raise ConversionError(str(e)) from None
     try:
         import torch
     except ImportError:

@@ -9,7 +9,8 @@ far as `generate()` can run it), model.safetensors (float32), source.spm and tar
 (the SentencePiece models), vocab.json (and target_vocab.json for separate
 vocabularies) and tokenizer_config.json.
 
-What maps to what is the conversion's map read backwards (`marian.layer_tensors`), plus:
+What maps to what is the conversion's map read backwards (trainer/formats/marian.py's
+`layer_tensors`), plus:
   - ids: Marian's </s> 0 and <unk> 1 are our EOS and UNK; our BOS becomes <pad>, which
     starts Marian's decoder (the last id of a shared vocabulary, as OPUS-MT has it; id 2
     of separate ones, which must share it); our other pieces follow in their order; our
@@ -38,7 +39,7 @@ import numpy as np
 
 from keras_transformer import DecodeConfig, TransformerConfig
 from keras_transformer.special_ids import BOS_ID, EOS_ID, UNK_ID
-from trainer.conversion import marian as marian_conversion, safetensors
+from trainer.formats import marian as marian_format, safetensors
 from trainer.data import vocabulary
 from trainer.model_dir import files, layout
 from trainer.model_dir.weights import WeightsChoice, final_model
@@ -145,7 +146,7 @@ def write(model, tokenizers, decode: DecodeConfig, directory: str):
 
     tensors = {f"model.{name}": marian(variable.numpy().T if layout_.transposed
                                        else variable.numpy(), layout_.width_axis)
-               for name, variable, layout_ in marian_conversion.layer_tensors(model)}
+               for name, variable, layout_ in marian_format.layer_tensors(model)}
     target = marian(model.embedding.embeddings.numpy()[target_order], 1)
     if shared:
         tensors["model.shared.weight"] = target
@@ -156,7 +157,7 @@ def write(model, tokenizers, decode: DecodeConfig, directory: str):
     bias = (model.embedding.bias.numpy()[target_order] if config.output_bias
             else np.zeros(len(target_order), np.float32))
     tensors["final_logits_bias"] = bias[None, :]
-    safetensors.save(os.path.join(directory, marian_conversion.WEIGHTS), tensors)
+    safetensors.save(os.path.join(directory, marian_format.WEIGHTS), tensors)
 
     pad = target_order.index(BOS_ID)
     _write_json(directory, "config.json", _marian_config(config, pad))

@@ -15,7 +15,11 @@ from typing import Dict
 
 import numpy as np
 
-from trainer.conversion import ConversionError
+
+
+class SafetensorsError(ValueError):
+    """A file that is not a whole safetensors file; the message is one line naming it."""
+
 
 # safetensors dtype -> (NumPy dtype of the stored bytes, bytes per element).
 _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
@@ -27,22 +31,22 @@ def load(path: str) -> Dict[str, np.ndarray]:
     """{name: array} of every tensor in `path`; floating-point tensors as float32.
 
     Raises:
-      ConversionError: the file is cut short or is not a safetensors file.
+      SafetensorsError: the file is cut short or is not a safetensors file.
     """
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise ConversionError(f"{path} is cut short ({size} bytes): not a whole "
+            raise SafetensorsError(f"{path} is cut short ({size} bytes): not a whole "
                                   "safetensors file")
         header_size = int.from_bytes(head, "little")
         if header_size > size - 8:
-            raise ConversionError(f"{path} is cut short or not a safetensors file (its header "
+            raise SafetensorsError(f"{path} is cut short or not a safetensors file (its header "
                                   f"needs {header_size} bytes, the file has {size})")
         try:
             header = json.loads(f.read(header_size))
         except ValueError:
-            raise ConversionError(f"{path} has a damaged header: not a safetensors file") from None
+            raise SafetensorsError(f"{path} has a damaged header: not a safetensors file") from None
         data = f.read()
     header.pop("__metadata__", None)
     tensors = {}
@@ -55,17 +59,17 @@ def _tensor(path: str, name: str, entry: dict, data: bytes) -> np.ndarray:
     try:
         dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
     except (KeyError, TypeError, ValueError):
-        raise ConversionError(f"{path}: tensor {name} has a damaged header entry") from None
+        raise SafetensorsError(f"{path}: tensor {name} has a damaged header entry") from None
     if dtype not in _DTYPES:
-        raise ConversionError(f"{path}: tensor {name} has dtype {dtype}, which a model's "
+        raise SafetensorsError(f"{path}: tensor {name} has dtype {dtype}, which a model's "
                               "weights never have")
     if end > len(data):
-        raise ConversionError(f"{path} is cut short: tensor {name} ends at byte {end} of the "
+        raise SafetensorsError(f"{path} is cut short: tensor {name} ends at byte {end} of the "
                               f"data, which has {len(data)}")
     stored = np.dtype(_DTYPES[dtype])
     count = int(np.prod(shape)) if shape else 1
     if end - begin != count * stored.itemsize:
-        raise ConversionError(f"{path}: tensor {name} of shape {shape} and dtype {dtype} "
+        raise SafetensorsError(f"{path}: tensor {name} of shape {shape} and dtype {dtype} "
                               f"has {end - begin} bytes")
     array = np.frombuffer(data, stored, count, begin).reshape(shape)
     if dtype == "BF16":  # the high half of a float32
