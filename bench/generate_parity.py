@@ -55,42 +55,39 @@ def train_and_export(steps: int, vocabularies: str, seed: int, root: Path):
     return model_dir, marian_dir
 
 
-class WithoutPad:
-    """A search step whose log-probs are renormalized over every id but PAD (which then
-    scores -inf), as Marian's softmax, which has no PAD id, normalizes."""
-
-    def __init__(self, step):
-        self.step = step
-        self.reorder, self.keep = step.reorder, step.keep
-
-    def __call__(self, seqs, i, state):
-        import tensorflow as tf
-        from keras_transformer import PAD_ID
-        log_probs, state = self.step(seqs, i, state)
-        pad = log_probs[:, PAD_ID:PAD_ID + 1]
-        log_probs = log_probs - tf.math.log1p(-tf.exp(pad))
-        is_pad = tf.range(tf.shape(log_probs)[1]) == PAD_ID
-        return tf.where(is_pad, float("-inf"), log_probs), state
-
-
-def our_search(model, source_ids, settings, without_pad=False):
-    """The model's best outputs [batch] (ids, EOS cut) under generate()'s settings."""
+def without_pad(step):
+    """A search step (keras_transformer.search.WrappedStep) whose log-probs are
+    renormalized over every id but PAD (which then scores -inf), as Marian's softmax,
+    which has no PAD id, normalizes."""
     import tensorflow as tf
-    from keras_transformer import beam_search
-    from keras_transformer.beam import search_beams
-    from keras_transformer.search import output_limits
-    from keras_transformer.step import TransformerStep
-    search = dict(beam_size=settings["num_beams"], alpha=settings["length_penalty"],
-                  length_penalty="average", stopping="transformers", num_hypotheses=1)
-    if without_pad:
-        width, max_lengths = output_limits(source_ids, settings["max_length"],
-                                           model.config.max_length, settings["max_length"])
-        step, state = TransformerStep.start(model, source_ids, width,
-                                            beam_size=settings["num_beams"])
-        result = search_beams(WithoutPad(step), state, max_lengths, width, **search)
-    else:
-        result = beam_search(model, source_ids, max_length=settings["max_length"],
-                             extra_length=settings["max_length"], **search)
+    from keras_transformer import PAD_ID
+    from keras_transformer.search import WrappedStep
+
+    class WithoutPad(WrappedStep):
+        def log_probs(self, log_probs, seqs, i):
+            pad = log_probs[:, PAD_ID:PAD_ID + 1]
+            log_probs = log_probs - tf.math.log1p(-tf.exp(pad))
+            is_pad = tf.range(tf.shape(log_probs)[1]) == PAD_ID
+            return tf.where(is_pad, float("-inf"), log_probs)
+
+    return WithoutPad(step)
+
+
+def generates(settings: dict):
+    """The DecodeConfig of generate()'s search with a generation_config.json's settings:
+    what a converted checkpoint's model directory stores (trainer/conversion/marian.py)."""
+    from keras_transformer import DecodeConfig
+    return DecodeConfig(beam_size=settings["num_beams"], alpha=settings["length_penalty"],
+                        length_penalty="average", stopping="transformers",
+                        max_length=settings["max_length"],
+                        max_extra_length=settings["max_length"])
+
+
+def our_search(model, source_ids, decode, without_pad_ids=False):
+    """The model's best outputs [batch] (ids, EOS cut) under the DecodeConfig `decode`."""
+    from keras_transformer import TransformerStep, beam_search
+    step = TransformerStep(model, source_ids)
+    result = beam_search(without_pad(step) if without_pad_ids else step, decode, 1)
     return [row[:n - 1] for row, n in zip(result.ids[:, 0].numpy().tolist(),
                                           result.lengths[:, 0].numpy().tolist())]
 
@@ -111,26 +108,24 @@ def compare(model_dir: Path, marian_dir: Path, inputs, root: Path) -> dict:
     with torch.no_grad():
         generated = hf.generate(**tokenizer(inputs, return_tensors="pt", padding=True))
     expected = tokenizer.batch_decode(generated, skip_special_tokens=True)
-    settings = json.loads((marian_dir / "generation_config.json").read_text())
+    decode = generates(json.loads((marian_dir / "generation_config.json").read_text()))
 
-    def searched(directory, settings):
+    def searched(directory, decode):
         """(model, target tokenizer, source ids, our outputs) of a model directory, its
         inputs read as its exports read them (Translator.source_ids)."""
         translator = Translator(layout.restore_model(str(directory)),
                                 vocabulary.load_or_train(str(directory), None))
         source_ids = translator.source_ids(tf.constant(inputs))
         return (translator.model, translator.target_tokenizer, source_ids,
-                our_search(translator.model, source_ids, settings))
+                our_search(translator.model, source_ids, decode))
 
     def texts(outputs, target):
         return [t.decode() for t in target.detokenize(tf.ragged.constant(outputs)).numpy()]
 
-    model, pieces, source_ids, direct = searched(model_dir, settings)
-    without_pad = our_search(model, source_ids, settings, without_pad=True)
+    model, pieces, source_ids, direct = searched(model_dir, decode)
+    no_pad = our_search(model, source_ids, decode, without_pad_ids=True)
     marian.convert(str(marian_dir), str(root / "back"))
-    decode = layout.load_decode(str(root / "back"))
-    _, back_pieces, _, back = searched(root / "back", dict(
-        num_beams=decode.beam_size, length_penalty=decode.alpha, max_length=decode.max_length))
+    _, back_pieces, _, back = searched(root / "back", layout.load_decode(str(root / "back")))
     found = texts(direct, pieces)
     differing = [i for i, (a, b) in enumerate(zip(found, expected)) if a != b]
     parted = []
@@ -141,9 +136,9 @@ def compare(model_dir: Path, marian_dir: Path, inputs, root: Path) -> dict:
         parted.append(f"piece {at + 1} ({len(direct[i]) + 1} / {len(theirs) + 1} tokens)")
     lengths = [len(row) + 1 for row in direct]
     return {"lengths": f"{min(lengths)}-{max(lengths)}",
-            "ended": sum(n < settings["max_length"] - 1 for n in lengths),
+            "ended": sum(n < decode.max_length - 1 for n in lengths),
             "direct": len(inputs) - len(differing),
-            "without_pad": sum(a == b for a, b in zip(texts(without_pad, pieces), expected)),
+            "without_pad": sum(a == b for a, b in zip(texts(no_pad, pieces), expected)),
             "round_trip": sum(a == b for a, b in zip(texts(back, back_pieces), expected)),
             "parted": ", ".join(parted) or "-"}
 

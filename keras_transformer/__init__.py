@@ -19,8 +19,8 @@ __version__ = "0.1.0"
 # Public names that need TensorFlow, by the module that defines them.
 _LAZY = {
     "attention": ("MultiHeadAttention", "scaled_dot_product_attention"),
-    "beam": ("beam_search", "search_beams"),
-    "decoding": ("greedy_search", "search_single_path", "sequence_log_probs"),
+    "beam": ("beam_search",),
+    "decoding": ("greedy_search", "search_single_path"),
     "decoder": ("Decoder", "DecoderLayer"),
     "dropout": ("Dropout",),
     "embedding": ("SharedEmbedding",),
@@ -35,10 +35,10 @@ _LAZY = {
     "residual": ("Residual",),
     "sampling": ("sample_search",),
     "schedule": ("WarmupSchedule",),
-    "search": ("DecodeResult", "length_penalty"),
+    "search": ("DecodeResult", "Step", "TokenRules", "length_penalty"),
     "stack": ("LayerStack",),
     "step": ("TransformerStep",),
-    "transformer": ("Transformer", "shift_right"),
+    "transformer": ("Transformer", "sequence_log_probs", "shift_right"),
 }
 _MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
 

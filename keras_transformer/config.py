@@ -20,13 +20,14 @@ SINUSOID_LAYOUTS = ("interleaved", "concatenated")
 # length_penalty): the paper's, of Wu et al. (2016), ((5 + length) / 6)^alpha, or
 # length^alpha, Hugging Face's, Marian's, CTranslate2's and fairseq's.
 LENGTH_PENALTIES = ("gnmt", "average")
-# When a beam search's sentence is done (keras_transformer.beam.beam_search): "exact", once
-# no live beam can still enter its n-best (the paper's search, never a worse n-best than
-# searching on), or "transformers", as Hugging Face's generate() stops by default
-# (early_stopping=False: once the best live beam, scored at its current length, does not
-# beat the worst of the beam_size finished; finished hypotheses only from the beam_size
-# best candidates of a step), which converted checkpoints use to translate as generate().
-STOPPING_RULES = ("exact", "transformers")
+# When a beam search's sentence is done (keras_transformer.stopping, where each is a class):
+# "exact", once no live beam can still enter its n-best (the paper's search, never a
+# worse n-best than searching on); "transformers", as Hugging Face's generate() stops by
+# default (early_stopping=False), which converted checkpoints use to translate as
+# generate(); "first", once patience x beam_size hypotheses have finished, as CTranslate2
+# and fairseq stop. The names are here, apart from the classes, so that a program checks
+# its flags before TensorFlow starts.
+STOPPING_RULES = ("exact", "transformers", "first")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +219,11 @@ class DecodeConfig:
       length_penalty: its form, one of LENGTH_PENALTIES: "gnmt", the paper's,
         ((5 + length) / 6) ** alpha; "average", length ** alpha (Hugging Face, Marian).
       stopping: when a beam search's sentence is done, one of STOPPING_RULES: "exact"
-        (the paper's search) or "transformers" (as Hugging Face's generate() by default).
+        (the paper's search), "transformers" (as Hugging Face's generate() by default) or
+        "first" (once patience x beam_size hypotheses have finished: CTranslate2's and
+        fairseq's rule).
+      patience: with stopping "first", the finished hypotheses a sentence waits for, as a
+        multiple of beam_size (Kasai et al., 2022, "A Call for Clarity in Beam Search").
       max_extra_length: an output has at most the input's tokens + 1 + this many tokens,
         EOS included (and never more than the model's positions allow).
       max_length: None, or positions an output may take, the start token (BOS)
@@ -233,24 +238,34 @@ class DecodeConfig:
     alpha: float = 0.6
     length_penalty: str = "gnmt"
     stopping: str = "exact"
+    patience: float = 1.0
     max_extra_length: int = 50
     max_length: Optional[int] = None
     max_beam_size: int = 8
 
     def __post_init__(self):
-        if self.beam_size < 1 or self.max_beam_size < 1:
+        # A field may hold a scalar tensor (a SavedModel signature's request option, whose
+        # range the graph checks): only Python values are checked here.
+        def known(*values):
+            return all(isinstance(v, (int, float, str, type(None))) for v in values)
+
+        if known(self.beam_size, self.max_beam_size) and (
+                self.beam_size < 1 or self.max_beam_size < 1):
             raise ValueError(f"beam_size and max_beam_size must be at least 1, got "
                              f"{self.beam_size} and {self.max_beam_size}")
-        if self.alpha < 0 or self.max_extra_length < 0:
+        if known(self.alpha, self.max_extra_length) and (
+                self.alpha < 0 or self.max_extra_length < 0):
             raise ValueError(f"alpha and max_extra_length must not be negative, got "
                              f"{self.alpha} and {self.max_extra_length}")
+        if known(self.patience) and self.patience <= 0:
+            raise ValueError(f"patience must be above 0, got {self.patience}")
         if self.max_length is not None and self.max_length < 2:
             raise ValueError(f"max_length must be at least 2 (the start token and one more), "
                              f"got {self.max_length}")
         if self.length_penalty not in LENGTH_PENALTIES:
             raise ValueError(f"unknown length_penalty {self.length_penalty!r}; choose one of "
                              f"{', '.join(LENGTH_PENALTIES)}")
-        if self.stopping not in STOPPING_RULES:
+        if known(self.stopping) and self.stopping not in STOPPING_RULES:
             raise ValueError(f"unknown stopping {self.stopping!r}; choose one of "
                              f"{', '.join(STOPPING_RULES)}")
 

@@ -9,16 +9,14 @@ import tensorflow as tf
 
 from keras_transformer import ranking
 from keras_transformer.config import DecodeConfig
-from keras_transformer.decoding import model_single_path_search, most_probable
+from keras_transformer.decoding import most_probable, search_single_path
 from keras_transformer.search import DecodeResult
 
 
-def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k=0,
-                  top_p=1.0, alpha=DecodeConfig.alpha,
-                  extra_length=DecodeConfig.max_extra_length, use_cache=True,
-                  target_prefix=None, step_weights=None,
-                  length_penalty=DecodeConfig.length_penalty, max_length=None):
-    """Random sampling: num_samples outputs per sentence, each token drawn until EOS.
+def sample_search(step, config=DecodeConfig(), seed=0, num_samples=1, temperature=1.0,
+                  top_k=0, top_p=1.0):
+    """Random sampling over any step (keras_transformer.search): num_samples outputs per
+    sentence, each token drawn until EOS.
 
     A token is drawn from the model's distribution at `temperature`, restricted to the
     top_k most probable tokens and to the nucleus of top_p probability (Holtzman et al.,
@@ -29,8 +27,8 @@ def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k
     in any process, thread or batch, and another seed other samples.
 
     Args:
-      model: a Transformer.
-      source_ids: int [batch, src_len], 0-padded.
+      step: a step of keras_transformer.search, e.g. keras_transformer.TransformerStep.
+      config: a DecodeConfig: the output limits, and the length penalty of the scores.
       seed: int [batch], a seed per sentence; or an int scalar s, which seeds sentence b
         with s + b (its samples then depend on its place in the batch).
       num_samples: outputs per sentence.
@@ -39,8 +37,6 @@ def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k
       top_k: keep the k most probable tokens (ties with the k-th kept too); 0 keeps all.
       top_p: keep the smallest set of most probable tokens whose probability (at the
         temperature) reaches top_p; 1 keeps all. The most probable token is always kept.
-      alpha, extra_length, use_cache, target_prefix, step_weights, length_penalty,
-        max_length: as `greedy_search`.
     Returns:
       DecodeResult with beam = num_samples, each sentence's samples sorted by score.
       log_probs are the model's (temperature 1, unrestricted) log P(output | source).
@@ -49,21 +45,20 @@ def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k
 
     >>> import numpy as np
     >>> import tensorflow as tf
-    >>> from keras_transformer import Transformer, TransformerConfig, sample_search
+    >>> from keras_transformer import (DecodeConfig, Transformer, TransformerConfig,
+    ...                                TransformerStep, sample_search)
     >>> model = Transformer(TransformerConfig.tiny(vocab_size=20))
     >>> model.build()
     >>> source_ids = tf.constant([[5, 6, 7, 3]])
-    >>> samples = sample_search(model, source_ids, seed=7, num_samples=3, extra_length=3)
-    >>> tuple(samples.ids.shape)  # [batch, num_samples, 4 source tokens + extra_length]
+    >>> def samples():
+    ...     return sample_search(TransformerStep(model, source_ids),
+    ...                          DecodeConfig(max_extra_length=3), seed=7, num_samples=3)
+    >>> tuple(samples().ids.shape)  # [batch, num_samples, 4 source tokens + 3]
     (1, 3, 7)
-    >>> again = sample_search(model, source_ids, seed=7, num_samples=3, extra_length=3)
-    >>> np.array_equal(samples.ids, again.ids)
+    >>> np.array_equal(samples().ids, samples().ids)
     True
     """
-    source_ids = tf.cast(source_ids, tf.int32)
-    batch = tf.shape(source_ids)[0]
-    if target_prefix is not None:
-        target_prefix = tf.repeat(tf.cast(target_prefix, tf.int32), num_samples, axis=0)
+    batch = tf.shape(step.source_ids)[0]
     seed = tf.cast(seed, tf.int64)
     if seed.shape.rank == 0:
         seed += tf.range(tf.cast(batch, tf.int64))
@@ -71,10 +66,7 @@ def sample_search(model, source_ids, seed, num_samples=1, temperature=1.0, top_k
     sample = _sampler(tf.repeat(seed, num_samples),
                       tf.tile(tf.range(tf.cast(num_samples, tf.int64)), [batch]),
                       temperature, top_k, top_p)
-    # A sentence's samples in adjacent rows, decoded as a batch of batch * num_samples.
-    result = model_single_path_search(model, tf.repeat(source_ids, num_samples, axis=0),
-                                      sample, alpha, extra_length, use_cache, target_prefix,
-                                      step_weights, length_penalty, max_length)
+    result = search_single_path(step, config, sample, rows_per_sentence=num_samples)
 
     def per_sentence(t):  # [batch * num_samples, 1, ...] -> [batch, num_samples, ...]
         return tf.reshape(t, tf.concat([tf.stack([batch, num_samples]), tf.shape(t)[2:]], 0))

@@ -1,44 +1,59 @@
 """What every search shares (paper section 6.1), below greedy search, beam search and
 sampling, which import it and nothing of each other but greedy's loop: the step a search
-runs, its results, the length penalty, the output's limits and a target prefix.
+runs over, its results, the length penalty, the output's limits, and the token rules.
 
-A search runs over a *step*, not over a model: the step turns the outputs so far into the
-next token's log-probabilities, and knows how to reorder and drop the rows of its own
-state. `keras_transformer.step.TransformerStep` is the Transformer's; a faster one (int8,
-a shortlist of the vocabulary, fewer layers) or a scripted table (the tests) plugs into
-the same searches:
+A search runs over a *step*, the model side of the seam: it turns the outputs so far into
+the next token's log-probabilities and knows how to reorder and drop the rows of its own
+state. The search never sees a model. `keras_transformer.step.TransformerStep` is the
+Transformer's (the decoding cache, int8 weights, a shortlist's candidates); a wrapper of
+it or a scripted table (the tests) plugs into the same searches. A step is built for one
+batch of sentences and offers (`Step` has the defaults):
 
+    step.source_ids   int32 [batch, src_len]: the sentences, whose lengths set the
+                      outputs' limits (section 6.1: input length + max_extra_length)
+    step.max_positions  the positions an output may take, BOS included
+    step.target_prefix  None, or int32 [batch, prefix_len]: tokens outputs start with
+    step.vocabulary   None, or int32 [C]: the only ids the step ranks (a shortlist's
+                      candidates); its log-probs and the tokens it reads are then
+                      indices into it
+    step.fixed_shapes  whether the step's state keeps one shape (XLA)
+    step.start(rows_per_sentence, width) -> state: the first state, for that many
+      adjacent rows per sentence (a beam search's beams) and outputs of width tokens
     step(seqs, i, state) -> (log_probs, state)
       seqs int32 [rows, width + 1], the outputs so far (BOS in column 0, the token at
       position i the last one written); log_probs float32 [rows, vocab] of the token at
-      position i + 1. A search of beam_size beams has beam_size adjacent rows per
-      sentence.
+      position i + 1.
     step.reorder(state, rows) -> state: row r of the new state is row rows[r] of the old
       (rows int32 [rows']: the beams kept, each from its parent).
     step.keep(state, sentences) -> state: the per-sentence part of the state for the
       sentences int32 [n'] that stay (the others have left the search); the reorder
       that follows takes the rows of their beams only.
+    step.run(search, rows) -> search(step), or search run on a variant of the step fixed
+      for the whole search, chosen by its rows at the start (rows only ever leave).
 
 The state is a nest of tensors whose every axis but the last may change from step to step
 (`growing_shapes`).
 
 Section 6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6 ...
 maximum output length during inference to input length + 50, but terminate early when
-possible" (keras_transformer.config.DecodeConfig holds these values). A hypothesis scores
-log P(Y | X) / lp(Y), with the paper's length penalty of Wu et al. (2016), lp(Y) =
-((5 + |Y|) / 6)^alpha, or the "average" one of Hugging Face and Marian, |Y|^alpha
-(`length_penalty`).
+possible" (keras_transformer.config.DecodeConfig holds these values, and every search
+takes one). A hypothesis scores log P(Y | X) / lp(Y), with the paper's length penalty of
+Wu et al. (2016), lp(Y) = ((5 + |Y|) / 6)^alpha, or the "average" one of Hugging Face and
+Marian, |Y|^alpha (`length_penalty`).
 
 Ids are the project's (keras_transformer.special_ids): pad 0, BOS 2 (position 0 of every
-target), EOS 3. Outputs never contain PAD or BOS before their EOS; every output ends with
-EOS, which is forced at a sentence's maximum length.
+target), EOS 3. `TokenRules` holds every rule on which token an output may hold next,
+for all the searches: never PAD or BOS, only EOS at a sentence's maximum length (so every
+output ends with EOS), a target prefix's tokens first, and a shortlist's candidates only.
 """
 
-from typing import NamedTuple
+import copy
+from typing import NamedTuple, Optional
 
 import tensorflow as tf
 
-from keras_transformer.config import LENGTH_PENALTIES
+from keras_transformer.config import LENGTH_PENALTIES, DecodeConfig
+from keras_transformer.shortlist import from_candidates, to_candidates
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -163,20 +178,159 @@ class TargetPrefix(NamedTuple):
         return tf.where(keep, log_probs, float("-inf"))
 
 
-def allowed(log_probs, length, max_lengths):
-    """Log-probs [..., vocab] with -inf for the tokens an output may not hold at `length`.
+class TokenRules(NamedTuple):
+    """Which token an output may hold next, the same for every search: never PAD or BOS;
+    only EOS, forced, at a sentence's maximum length; a target prefix's tokens while an
+    output is inside it; and, over a shortlist, its candidates only.
 
-    length counts EOS. Never PAD or BOS, and only EOS once a sentence reaches its
-    max_lengths (broadcast to log_probs[..., :1]): that EOS is forced, not the model's
-    choice, so it scores 0, as Hugging Face's generation (forced_eos_token_id) and
-    CTranslate2 (which ends there without EOS) score it, and a search ranks the outputs cut
-    at the limit as they do. The other tokens keep the model's log-probs, so scores stay
-    true log-probabilities."""
-    token = tf.range(tf.shape(log_probs)[-1])
-    may = (token != PAD_ID) & (token != BOS_ID)
-    at_max = length >= max_lengths
-    may = tf.where(at_max, token == EOS_ID, may)
-    return tf.where(may, tf.where(at_max, 0.0, log_probs), float("-inf"))
+    The forced EOS scores 0, not the model's log-prob: it is the limit's choice, as Hugging
+    Face's generation (forced_eos_token_id) and CTranslate2 (which ends there without EOS)
+    score it, so a search ranks the outputs cut at the limit as they do. The other tokens
+    keep the model's log-probs, so scores stay true log-probabilities.
+
+    Attributes:
+      max_lengths: int32 [n], each sentence's output limit, EOS counted.
+      prefix: None, or the TargetPrefix of the n sentences, in the step's token space.
+      vocabulary: None, or int32 [C], the ids the step's tokens index (a shortlist's
+        candidates: the special ids 0-3 keep their values, keras_transformer.shortlist).
+    """
+
+    max_lengths: tf.Tensor
+    prefix: Optional[TargetPrefix] = None
+    vocabulary: Optional[tf.Tensor] = None
+
+    @classmethod
+    def of(cls, step, config: DecodeConfig):
+        """(the rules of a step's sentences under `config`, the outputs' width): the
+        limits of section 6.1 (`output_limits`), the step's prefix and candidates."""
+        width, max_lengths = output_limits(step.source_ids, config.max_extra_length,
+                                           step.max_positions, config.max_length)
+        prefix = step.target_prefix
+        if prefix is not None and step.vocabulary is not None:
+            prefix = to_candidates(prefix, step.vocabulary)
+        return cls(max_lengths, TargetPrefix.of(prefix), step.vocabulary), width
+
+    def per_row(self, rows_per_sentence):
+        """The rules of each of rows_per_sentence adjacent rows per sentence."""
+        prefix = self.prefix
+        if prefix is not None:
+            prefix = TargetPrefix(*(tf.repeat(t, rows_per_sentence, axis=0) for t in prefix))
+        return TokenRules(tf.repeat(self.max_lengths, rows_per_sentence), prefix,
+                          self.vocabulary)
+
+    def apply(self, log_probs, position, rows=None):
+        """log_probs float32 [rows, vocab] of the token at `position` + 1, with -inf for
+        the tokens the rules exclude and 0 for a forced EOS. rows: int32 [rows], each
+        row's sentence (default: row r is sentence r)."""
+        log_probs = self.force_prefix(log_probs, position, rows)
+        token = tf.range(tf.shape(log_probs)[-1])
+        may = (token != PAD_ID) & (token != BOS_ID)
+        at_max = self.at_max(position + 1, rows)[:, None]
+        may = tf.where(at_max, token == EOS_ID, may)
+        return tf.where(may, tf.where(at_max, 0.0, log_probs), float("-inf"))
+
+    def force_prefix(self, log_probs, position, rows=None):
+        """log_probs [rows, vocab] with only the prefix's token allowed on the rows still
+        inside their prefix (the one rule that needs the whole row of log-probs)."""
+        if self.prefix is None:
+            return log_probs
+        max_lengths = self.max_lengths if rows is None else tf.gather(self.max_lengths, rows)
+        return self.prefix.force(log_probs, position, max_lengths, rows)
+
+    def apply_to_best(self, best, tokens, length, rows):
+        """The other rules on each row's best candidates, for a search that ranks a few of
+        each row first (beam search): best float32 [rows, k >= 3] and their tokens int32
+        [rows, k], best first, of outputs of `length` tokens; rows int32 [rows], each
+        row's sentence. PAD and BOS go to -inf (so k - 2 candidates stay), and at the
+        maximum length EOS, scoring 0, is each row's one candidate. Returns (best, tokens),
+        the same shapes."""
+        best = tf.where((tokens == PAD_ID) | (tokens == BOS_ID), float("-inf"), best)
+        at_max = self.at_max(length, rows)[:, None]  # [rows, 1]
+        first = tf.range(tf.shape(best)[-1]) == 0
+        best = tf.where(at_max, tf.where(first, 0.0, float("-inf")), best)
+        tokens = tf.where(at_max, tf.where(first, EOS_ID, PAD_ID), tokens)
+        return best, tokens
+
+    def at_max(self, length, rows=None):
+        """bool [rows]: outputs of `length` tokens (EOS counted) are at their maximum."""
+        max_lengths = self.max_lengths if rows is None else tf.gather(self.max_lengths, rows)
+        return length >= max_lengths
+
+    def output_ids(self, ids):
+        """A search's output ids int32 [...] in the step's token space -> vocabulary ids."""
+        return ids if self.vocabulary is None else from_candidates(ids, self.vocabulary)
+
+
+class Step:
+    """The defaults of the step protocol (the module's docstring): a stateless step over
+    the whole vocabulary, no prefix, growing shapes. A step sets source_ids and
+    max_positions and defines __call__; one with state overrides start, reorder and keep.
+    """
+
+    target_prefix = None
+    vocabulary = None
+    fixed_shapes = False
+
+    def start(self, rows_per_sentence, width):
+        del rows_per_sentence, width
+        return {}
+
+    def __call__(self, seqs, i, state):
+        raise NotImplementedError
+
+    def reorder(self, state, rows):
+        del rows
+        return state
+
+    def keep(self, state, sentences):
+        del sentences
+        return state
+
+    def run(self, search, rows):
+        del rows
+        return search(self)
+
+
+class WrappedStep(Step):
+    """A step around another, `inner`, whose log-probs it changes (`log_probs`; or
+    override __call__): its sentences, state, rows and variants are the inner step's, so
+    that a wrapper (a benchmark's, a test's) copies none of the inner step's setup."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    source_ids = property(lambda self: self.inner.source_ids)
+    max_positions = property(lambda self: self.inner.max_positions)
+    target_prefix = property(lambda self: self.inner.target_prefix)
+    vocabulary = property(lambda self: self.inner.vocabulary)
+    fixed_shapes = property(lambda self: self.inner.fixed_shapes)
+
+    def log_probs(self, log_probs, seqs, i):
+        """The wrapper's log-probs float32 [rows, vocab] from the inner step's."""
+        del seqs, i
+        return log_probs
+
+    def start(self, rows_per_sentence, width):
+        return self.inner.start(rows_per_sentence, width)
+
+    def __call__(self, seqs, i, state):
+        log_probs, state = self.inner(seqs, i, state)
+        return self.log_probs(log_probs, seqs, i), state
+
+    def reorder(self, state, rows):
+        return self.inner.reorder(state, rows)
+
+    def keep(self, state, sentences):
+        return self.inner.keep(state, sentences)
+
+    def run(self, search, rows):
+        return self.inner.run(lambda inner: search(self.around(inner)), rows)
+
+    def around(self, inner):
+        """This wrapper around another inner step (one of its variants)."""
+        wrapper = copy.copy(self)
+        wrapper.inner = inner
+        return wrapper
 
 
 def first_tokens(shape, width):

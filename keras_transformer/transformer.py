@@ -38,6 +38,28 @@ def shift_right(target_ids):
     return ops.where(target_ids == PAD_ID, ops.zeros_like(shifted), shifted)
 
 
+def sequence_log_probs(model, source_ids, target_ids):
+    """log P(target | source) under teacher forcing: the sum of the log-softmax of each
+    target token given BOS and the tokens before it.
+
+    Args:
+      model: a Transformer.
+      source_ids: int [batch, src_len], 0-padded.
+      target_ids: int [batch, tgt_len], the target without BOS, ending with EOS,
+        then 0 padding (padding contributes nothing).
+    Returns:
+      float32 [batch], natural-log probabilities (divide by `length_penalty` of the
+      non-pad length for a search's score).
+    """
+    source_ids = tf.cast(source_ids, tf.int32)
+    target_ids = tf.cast(target_ids, tf.int32)
+    encoder_output = model.encode(source_ids, training=False)
+    logits = model.decode(shift_right(target_ids), encoder_output, source_ids, training=False)
+    log_probs = tf.nn.log_softmax(logits, axis=-1)  # [batch, tgt_len, vocab]
+    token_log_probs = tf.gather(log_probs, target_ids, batch_dims=2)  # [batch, tgt_len]
+    return tf.reduce_sum(tf.where(target_ids != PAD_ID, token_log_probs, 0.0), axis=1)
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class Transformer(keras.Model):
     """The Transformer of "Attention Is All You Need" (Vaswani et al., 2017).

@@ -24,8 +24,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from keras_transformer import (EOS_ID, Transformer, TransformerConfig,  # noqa: E402
-                               sequence_log_probs)
+from keras_transformer import (EOS_ID, DecodeConfig, Transformer,  # noqa: E402
+                               TransformerConfig, TransformerStep, sequence_log_probs)
 
 REPO = Path(__file__).resolve().parents[1]
 # Multi30k as ../shared/data/multi30k holds it beside a development checkout, or where
@@ -233,13 +233,26 @@ def copy_sources():
 _TRACED = {}
 
 
-def decode(search, model, source_ids, **kwargs):
-    """`search` in a tf.function with unknown batch and length, as an export runs it
-    (traced once per search, model and arguments: tracing dominates these tests)."""
-    key = (search, model, tuple(sorted(kwargs.items())))
+# Among `decode`'s keyword arguments, TransformerStep's options and the search's own; the
+# others are DecodeConfig's.
+_STEP_OPTIONS = ("target_prefix", "use_cache", "fixed_shapes", "weights", "shortlist")
+SEARCH_ARGUMENTS = ("num_hypotheses", "seed", "num_samples", "temperature", "top_k", "top_p")
+
+
+def decode(search, model, source_ids, **settings):
+    """`search` (beam_search, greedy_search, sample_search) over the model's
+    TransformerStep with the DecodeConfig of `settings` (and the step's options and the
+    search's arguments among them), in a tf.function with unknown batch and length, as an
+    export runs it (traced once per search, model and arguments: tracing dominates these
+    tests)."""
+    key = (search, model, tuple(sorted(settings.items())))
     if key not in _TRACED:
-        _TRACED[key] = tf.function(lambda ids: search(model, ids, **kwargs),
-                                   input_signature=ANY_IDS)
+        options = {name: settings.pop(name) for name in _STEP_OPTIONS if name in settings}
+        arguments = {name: settings.pop(name) for name in SEARCH_ARGUMENTS if name in settings}
+        config = DecodeConfig(**settings)
+        _TRACED[key] = tf.function(
+            lambda ids: search(TransformerStep(model, ids, **options), config, **arguments),
+            input_signature=ANY_IDS)
     return tf.nest.map_structure(lambda t: t.numpy(), _TRACED[key](source_ids))
 
 

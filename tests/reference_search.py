@@ -1,6 +1,9 @@
 """Reference searches the tests hold the library's searches to, written plainly over a
 `next_log_probs` function (a model's, `next_log_probs_of`, or a scripted table's): the
-paper's beam search that never stops early, and Hugging Face generate()'s default one."""
+paper's beam search that never stops early, Hugging Face generate()'s default one, and
+CTranslate2's."""
+
+import math
 
 import numpy as np
 import tensorflow as tf
@@ -55,6 +58,28 @@ def transformers_beam_search(next_log_probs, source, beam_size, alpha, max_lengt
                         finished[-1][1] >= live[0][1] / penalty(length)):
             break
     return finished
+
+
+def ctranslate2_beam_search(next_log_probs, source, beam_size, alpha, max_length,
+                            length_penalty="average", patience=1.0):
+    """CTranslate2's beam search of one sentence with a length penalty (src/decoding.cc,
+    BeamSearch::search, 4.8), written plainly: each step keeps the 2 * beam_size best
+    candidates; those among the beam_size best that end in EOS finish (at max_length all
+    of them, ending there); the best beam_size others stay live; the sentence is done once
+    round(beam_size x patience) have finished, or at max_length; the finished are ranked
+    by log-prob over the penalty. Arguments and result as `exhaustive_beam_search`'s."""
+    penalty = _penalty(alpha, length_penalty)
+    wanted = math.floor(beam_size * patience + 0.5)  # std::round, for positive numbers
+    live, finished = [((2,), 0.0)], []
+    for length in range(1, max_length + 1):
+        candidates = _candidates(next_log_probs, source, live, length, max_length, beam_size)
+        finished += [(ids[1:], log_prob / penalty(length))
+                     for ids, log_prob in candidates[:beam_size] if ids[-1] == EOS_ID]
+        live = [(ids, log_prob) for ids, log_prob in candidates if ids[-1] != EOS_ID]
+        live = live[:beam_size]
+        if not live or len(finished) >= wanted:
+            break
+    return sorted(finished, key=lambda f: -f[1])[:beam_size]
 
 
 def _penalty(alpha, kind):

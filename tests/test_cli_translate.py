@@ -103,7 +103,8 @@ def test_translate_cli_options_go_through_the_options_signatures(exported, loade
     inputs = {"inputs": tf.constant(texts), "target_prefix": tf.constant(prefixes)}
     expected_beam = loaded.signatures["translate_with_options"](
         **inputs, beam_size=tf.constant(3), alpha=tf.constant(1.0),
-        max_extra_length=tf.constant(50), num_hypotheses=tf.constant(2))
+        max_extra_length=tf.constant(50), num_hypotheses=tf.constant(2),
+        stopping=tf.constant("exact"), patience=tf.constant(1.0))
     # The CLI batches by length: each input's samples are the same in any batch.
     expected_samples = loaded.signatures["sample"](
         inputs=inputs["inputs"], target_prefix=tf.constant([""] * len(texts)),

@@ -35,15 +35,19 @@ def trained(main_job, tmp_path_factory):
 
 def test_the_export_says_how_to_search_as_the_model_directory_does(trained):
     """The main job stored the paper's search (gnmt, alpha 0.6), which CTranslate2 cannot
-    rank by: one line says so. An average penalty passes through as request options."""
+    rank by: one line says so. An average penalty and CTranslate2's own stopping rule pass
+    through as request options."""
     from keras_transformer import DecodeConfig
     from trainer.serving.ctranslate2 import search_note
     lines = [line for line in trained[3].splitlines() if "CTranslate2" in line]
     assert lines == [search_note(DecodeConfig())], trained[3][-2000:]
     assert "gnmt" in lines[0] and "length_penalty=0.6" in lines[0]
-    assert search_note(DecodeConfig(beam_size=5, alpha=1.0, length_penalty="average")) == (
+    assert search_note(DecodeConfig(beam_size=5, alpha=1.0, length_penalty="average",
+                                    stopping="first", patience=2.0)) == (
         "CTranslate2 takes the search per request: translate_batch(..., beam_size=5, "
-        "length_penalty=1)")
+        "length_penalty=1, patience=2)")
+    assert "not by the model directory's exact rule" in search_note(
+        DecodeConfig(length_penalty="average", stopping="exact"))
 
 
 def _ct2_translate(model_dir, texts, beam_size, alpha, max_decoding_length):
@@ -81,13 +85,13 @@ def test_with_beam_1_and_alpha_0_the_outputs_are_identical_token_for_token(train
     beam's continuation on total log-prob, so "zwölf" can beat the likelier next token
     "tausend"), so the comparison is with our greedy search."""
     import tensorflow as tf
-    from keras_transformer import greedy_search
+    from keras_transformer import DecodeConfig, greedy_search
     from trainer.serving import saved_model
     model_dir, _, ct2_dir, _ = trained
     translator, _ = saved_model.build_translator(str(model_dir))
     texts = sources(200)
     source_ids = translator.source_ids(tf.constant(texts))
-    result = greedy_search(translator.model, source_ids, alpha=0.0)
+    result = greedy_search(translator.step(source_ids, shortlist=False), DecodeConfig(alpha=0.0))
     sp, theirs = _ct2_translate(ct2_dir, texts, 1, 0.0, translator.model.config.max_length - 2)
     max_lengths = np.sum(source_ids.numpy() != 0, axis=1) + 50
     for row, length, cap, pieces in zip(result.ids[:, 0].numpy(),

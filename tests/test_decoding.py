@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from conftest import ANY_IDS, CONFIG, copy_batch, decode, recomputed_log_probs
 from reference_search import exhaustive_beam_search, next_log_probs_of
-from keras_transformer import (EOS_ID, Transformer, beam_search, greedy_search,
-                               length_penalty, sequence_log_probs)
+from keras_transformer import (EOS_ID, DecodeConfig, Transformer, TransformerStep, beam_search,
+                               greedy_search, length_penalty, sequence_log_probs)
 
 SEARCHES = {"beam": beam_search, "greedy": greedy_search}
 # One worker runs this file (pytest-xdist --dist loadgroup): its models are trained once.
@@ -108,14 +108,14 @@ def test_no_output_is_longer_than_its_input_plus_50(search):
 def test_model_max_length_caps_the_output(search):
     model = random_model(dataclasses.replace(CONFIG, max_length=9))
     sources = np.array([[5, 6, 7, 3], [8, 3, 0, 0]], "int32")
-    result = decode(SEARCHES[search], model, sources, extra_length=50)
+    result = decode(SEARCHES[search], model, sources, max_extra_length=50)
     # Position 0 is BOS, so 8 of the model's 9 positions hold output.
     assert result.ids.shape[-1] == 8 and result.lengths.max() == 8
     np.testing.assert_allclose(recomputed_log_probs(model, sources, result),
                                result.log_probs, atol=1e-4)
     # A search's own limit (DecodeConfig.max_length, Transformers' max_length) below the
     # model's: every output, long source or short, ends by 5 - 1 tokens, EOS forced there.
-    capped = decode(SEARCHES[search], model, sources, extra_length=50, max_length=5)
+    capped = decode(SEARCHES[search], model, sources, max_extra_length=50, max_length=5)
     assert capped.ids.shape[-1] == 4 and capped.lengths.max() == 4
     ends = capped.ids[np.arange(2), 0, capped.lengths[:, 0] - 1]
     assert np.all(ends == 3)
@@ -190,7 +190,8 @@ def test_one_exact_hypothesis_stops_sooner_with_the_same_best(copy_model, copy_s
     np.testing.assert_allclose(best_only.scores[:, 0], decoded["beam"].scores[:, 0], atol=1e-5)
     assert model.steps.numpy() < all_exact  # 9 steps against 10 on these sources
     with pytest.raises(ValueError, match="num_hypotheses"):
-        beam_search(copy_model, copy_sources, beam_size=2, num_hypotheses=3)
+        beam_search(TransformerStep(copy_model, copy_sources), DecodeConfig(beam_size=2),
+                    num_hypotheses=3)
 
 
 @pytest.mark.parametrize("search", SEARCHES)
@@ -226,12 +227,15 @@ def test_sequence_log_probs_is_the_teacher_forced_log_likelihood(copy_model, cop
 
 
 def test_one_trace_serves_any_batch_and_length(copy_model):
-    function = tf.function(lambda ids: beam_search(copy_model, ids), input_signature=ANY_IDS)
+    def search(ids):
+        return beam_search(TransformerStep(copy_model, ids))
+
+    function = tf.function(search, input_signature=ANY_IDS)
     rng = np.random.default_rng(4)
     for batch, max_tokens in [(3, 5), (1, 8)]:
         sources = copy_batch(rng, batch, max_tokens)
         traced = function(sources)
-        exact = tf.function(lambda ids: beam_search(copy_model, ids))(sources)
+        exact = tf.function(search)(sources)
         np.testing.assert_array_equal(traced.ids, exact.ids)
         np.testing.assert_allclose(traced.scores, exact.scores, atol=1e-5)
     assert function.experimental_get_tracing_count() == 1
@@ -256,11 +260,13 @@ def test_fixed_shapes_compile_with_xla_and_give_the_searchs_results(copy_model, 
     sentences of different lengths finish at different steps, and each keeps the n-best
     it had when it finished."""
     sources = copy_batch(np.random.default_rng(5), batch=8)
-    settings = dict(beam_size=4, alpha=0.6, num_hypotheses=num_hypotheses)
-    xla = tf.function(lambda ids: beam_search(copy_model, ids, fixed_shapes=True, **settings),
+    config = DecodeConfig(beam_size=4, alpha=0.6)
+    xla = tf.function(lambda ids: beam_search(TransformerStep(copy_model, ids, fixed_shapes=True),
+                                              config, num_hypotheses),
                       jit_compile=True, input_signature=ANY_IDS)
     fixed = tf.nest.map_structure(lambda t: t.numpy(), xla(sources))
-    expected = decode(beam_search, copy_model, sources, **settings)
+    expected = decode(beam_search, copy_model, sources, num_hypotheses=num_hypotheses,
+                      beam_size=4, alpha=0.6)
     assert len(set(expected.lengths[:, 0])) > 2  # sentences finish at different steps
     np.testing.assert_array_equal(fixed.ids, expected.ids)
     np.testing.assert_array_equal(fixed.lengths, expected.lengths)

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import ANY_IDS, CONFIG, copy_batch, decode, recomputed_log_probs
+from conftest import (SEARCH_ARGUMENTS, ANY_IDS, CONFIG, copy_batch, decode,
+                      recomputed_log_probs)
 from reference_search import exhaustive_beam_search, next_log_probs_of
-from keras_transformer import (EOS_ID, beam_search, greedy_search, sample_search,
-                               sequence_log_probs, sampling)
+from keras_transformer import (EOS_ID, DecodeConfig, TransformerStep, beam_search,
+                               greedy_search, sample_search, sequence_log_probs, sampling)
 
 SETTINGS = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32),
             tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)]
@@ -28,28 +29,31 @@ def padded(rows):
 def decode_with_prefix(search, model, source_ids, prefix_rows, **kwargs):
     """`search` with target_prefix=padded(prefix_rows), in a tf.function with unknown
     batch and lengths (as `decode`)."""
-    function = tf.function(lambda ids, prefix: search(model, ids, target_prefix=prefix,
-                                                      **kwargs),
-                           input_signature=ANY_IDS * 2)
+    options = {name: kwargs.pop(name) for name in SEARCH_ARGUMENTS if name in kwargs}
+    config = DecodeConfig(**kwargs)
+    function = tf.function(
+        lambda ids, prefix: search(TransformerStep(model, ids, target_prefix=prefix), config,
+                                   **options),
+        input_signature=ANY_IDS * 2)
     return tf.nest.map_structure(lambda t: t.numpy(), function(source_ids, padded(prefix_rows)))
 
 
 def test_one_trace_takes_the_settings_as_tensors_and_gives_what_python_settings_give(
         copy_model, copy_sources):
     function = tf.function(
-        lambda ids, beam, alpha, extra, n: beam_search(copy_model, ids, beam_size=beam,
-                                                       alpha=alpha, extra_length=extra,
-                                                       num_hypotheses=n),
+        lambda ids, beam, alpha, extra, n: beam_search(
+            TransformerStep(copy_model, ids),
+            DecodeConfig(beam_size=beam, alpha=alpha, max_extra_length=extra), n),
         input_signature=ANY_IDS + SETTINGS)
     for beam, alpha, extra, n in [(1, 0.0, 50, 1), (4, 0.6, 50, 4), (3, 1.0, 2, 2)]:
         got = function(copy_sources, beam, alpha, extra, n)
         expected = decode(beam_search, copy_model, copy_sources, beam_size=beam, alpha=alpha,
-                          extra_length=extra, num_hypotheses=n)
+                          max_extra_length=extra, num_hypotheses=n)
         np.testing.assert_array_equal(got.ids, expected.ids)
         np.testing.assert_allclose(got.scores, expected.scores, atol=1e-5)
         assert got.ids.shape[1] == beam
     assert function.experimental_get_tracing_count() == 1
-    # extra_length 2: outputs of at most (source tokens + 2) tokens.
+    # max_extra_length 2: outputs of at most (source tokens + 2) tokens.
     lengths = function(copy_sources, 3, 1.0, 2, 2).lengths.numpy()
     assert np.all(lengths <= np.count_nonzero(copy_sources, axis=1)[:, None] + 2)
 
@@ -217,9 +221,10 @@ def test_sampled_log_probs_are_the_models_at_temperature_1(copy_model, copy_sour
 def test_a_sentences_samples_depend_on_its_seed_not_on_the_rest_of_the_batch(copy_model):
     batch = copy_batch(np.random.default_rng(8), batch=6)
     seeds = np.arange(100, 106)
-    function = tf.function(lambda ids, seeds: sample_search(copy_model, ids, seeds,
-                                                            num_samples=2, temperature=3.0),
-                           input_signature=ANY_IDS + [tf.TensorSpec([None], tf.int64)])
+    function = tf.function(
+        lambda ids, seeds: sample_search(TransformerStep(copy_model, ids), DecodeConfig(),
+                                         seeds, num_samples=2, temperature=3.0),
+        input_signature=ANY_IDS + [tf.TensorSpec([None], tf.int64)])
     whole = function(batch, seeds)
     order = [4, 1, 5]
     part = function(batch[order], seeds[order])

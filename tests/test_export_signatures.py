@@ -23,7 +23,9 @@ def options_call(signature, texts, prefixes):
     settings = {
         "translate_with_options": dict(beam_size=tf.constant(3), alpha=tf.constant(0.6),
                                        max_extra_length=tf.constant(50),
-                                       num_hypotheses=tf.constant(2)),
+                                       num_hypotheses=tf.constant(2),
+                                       stopping=tf.constant("first"),
+                                       patience=tf.constant(1.0)),
         "sample": dict(num_hypotheses=tf.constant(2), max_extra_length=tf.constant(50),
                        temperature=tf.constant(1.0), top_k=tf.constant(10),
                        top_p=tf.constant(0.9), seed=tf.constant(7, tf.int64))}[signature]
@@ -61,10 +63,10 @@ def test_score_of_a_beam_hypothesis_is_its_beam_log_probability(loaded, translat
                                                                  sentencepiece):
     """Teacher-forced log P(target | source) equals what beam search accumulated, for the
     hypotheses whose text tokenizes back to the same pieces."""
-    from keras_transformer import beam_search
+    from keras_transformer import DecodeConfig, beam_search
     texts = sources(8)
-    result = beam_search(translator.model, translator.source_ids(tf.constant(texts)),
-                         beam_size=4, alpha=0.6)
+    result = beam_search(translator.step(translator.source_ids(tf.constant(texts))),
+                         DecodeConfig(beam_size=4, alpha=0.6))
     pairs, expected, lengths = [], [], []
     for i, text in enumerate(texts):
         for k in range(4):

@@ -158,11 +158,13 @@ def test_the_int8_and_shortlist_exports_answer_bad_requests_as_the_float32_one(e
             m.signatures["translate_with_options"](
                 inputs=texts, target_prefix=tf.constant([""] * 4), beam_size=tf.constant(9),
                 alpha=tf.constant(0.6), max_extra_length=tf.constant(50),
-                num_hypotheses=tf.constant(1))
+                num_hypotheses=tf.constant(1), stopping=tf.constant("exact"),
+                patience=tf.constant(1.0))
         with pytest.raises(tf.errors.InvalidArgumentError, match="one entry per input"):
             m.signatures["translate_with_options"](
                 inputs=texts, target_prefix=tf.constant([""]), beam_size=tf.constant(4),
                 alpha=tf.constant(0.6), max_extra_length=tf.constant(50),
-                num_hypotheses=tf.constant(1))
+                num_hypotheses=tf.constant(1), stopping=tf.constant("exact"),
+                patience=tf.constant(1.0))
     info = json.loads((exports["int8"] / "assets.extra" / "export.json").read_text())
     assert info["serving_dtype"] == "int8"

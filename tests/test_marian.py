@@ -18,8 +18,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, _env, checkpoint_weights
-from keras_transformer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, DecodeConfig, beam_search
-from keras_transformer.decoding import greedy_search
+from keras_transformer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, DecodeConfig, TransformerStep,
+                               beam_search, greedy_search)
 from trainer.conversion import marian
 from trainer.data import vocabulary
 from trainer.model_dir import layout
@@ -94,12 +94,10 @@ def test_greedy_and_beam_search_give_the_references_outputs(converted):
     reference = converted.reference
     sources = padded([converted.our_source_ids(p) for p in reference["source_pieces"]])
     extra = reference["max_extra_length"]
-    for name, search in (("greedy", lambda: greedy_search(converted.model, sources, alpha=0.0,
-                                                          extra_length=extra)),
-                         ("beam", lambda: beam_search(converted.model, sources, beam_size=4,
-                                                      alpha=0.0, extra_length=extra,
-                                                      stopping="transformers"))):
-        ids = search().ids[:, 0].numpy()
+    config = DecodeConfig(beam_size=4, alpha=0.0, max_extra_length=extra,
+                          stopping="transformers")
+    for name, search in (("greedy", greedy_search), ("beam", beam_search)):
+        ids = search(TransformerStep(converted.model, sources), config).ids[:, 0].numpy()
         pieces = [[converted.target_pieces[i] for i in row if i not in (PAD_ID, EOS_ID)]
                   for row in ids]
         assert pieces == reference[name]["pieces"], name
@@ -116,10 +114,7 @@ def test_the_model_directorys_search_gives_generates_outputs(converted):
         reference["generate"]["num_beams"], reference["generate"]["length_penalty"],
         reference["generate"]["max_length"])
     sources = padded([converted.our_source_ids(p) for p in reference["source_pieces"]])
-    result = beam_search(converted.model, sources, beam_size=decode.beam_size,
-                         alpha=decode.alpha, extra_length=decode.max_extra_length,
-                         num_hypotheses=1, length_penalty=decode.length_penalty,
-                         max_length=decode.max_length, stopping=decode.stopping)
+    result = beam_search(TransformerStep(converted.model, sources), decode, num_hypotheses=1)
     pieces = [[converted.target_pieces[i] for i in row if i not in (PAD_ID, EOS_ID)]
               for row in result.ids[:, 0].numpy()]
     assert pieces == reference["generate"]["pieces"]
@@ -145,7 +140,8 @@ def test_the_text_to_text_saved_model_gives_the_references_translations(converte
         found = loaded.signatures["translate_with_options"](
             inputs=inputs, target_prefix=tf.fill(tf.shape(inputs), ""),
             beam_size=tf.constant(beam_size), alpha=tf.constant(0.0),
-            max_extra_length=tf.constant(extra), num_hypotheses=tf.constant(1))["translations"]
+            max_extra_length=tf.constant(extra), num_hypotheses=tf.constant(1),
+            stopping=tf.constant("transformers"), patience=tf.constant(1.0))["translations"]
         assert [t[0].decode("utf-8") for t in found.numpy()] == \
             converted.reference[name]["texts"], name
 

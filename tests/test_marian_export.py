@@ -18,7 +18,8 @@ import pytest
 import tensorflow as tf
 
 from conftest import REPO, _env, run
-from keras_transformer import BOS_ID, EOS_ID, PAD_ID, beam_search
+from keras_transformer import (BOS_ID, EOS_ID, PAD_ID, DecodeConfig, TransformerStep,
+                               beam_search)
 from trainer.conversion import marian
 from trainer.formats import safetensors
 from trainer.data import vocabulary
@@ -187,10 +188,11 @@ def test_transformers_loads_a_trained_model_with_its_logits_and_its_beam_outputs
     expected = tokenizer.batch_decode(generated, skip_special_tokens=True)
     settings = json.loads((out / "generation_config.json").read_text())
     source_ids = tf.ragged.constant(sources).to_tensor()
-    result = beam_search(model, source_ids, beam_size=settings["num_beams"],
-                         alpha=settings["length_penalty"], length_penalty="average",
-                         stopping="transformers", max_length=settings["max_length"],
-                         extra_length=settings["max_length"], num_hypotheses=1)
+    generates = DecodeConfig(beam_size=settings["num_beams"], alpha=settings["length_penalty"],
+                             length_penalty="average", stopping="transformers",
+                             max_length=settings["max_length"],
+                             max_extra_length=settings["max_length"])
+    result = beam_search(TransformerStep(model, source_ids), generates, num_hypotheses=1)
     found = [t.decode() for t in tokenizers.target.detokenize(result.ids[:, 0]).numpy()]
     assert sum(a == b for a, b in zip(found, expected)) >= 0.8 * len(inputs)
 
@@ -201,10 +203,8 @@ def test_transformers_loads_a_trained_model_with_its_logits_and_its_beam_outputs
     back = layout.restore_model(str(tmp_path / "back"))
     back_tokenizers = vocabulary.load_or_train(str(tmp_path / "back"), None)
     back_sources = tf.ragged.constant(_ids(back_tokenizers.source, inputs, eos=True))
-    result = beam_search(back, back_sources.to_tensor(), beam_size=decode.beam_size,
-                         alpha=decode.alpha, extra_length=decode.max_extra_length,
-                         num_hypotheses=1, length_penalty=decode.length_penalty,
-                         max_length=decode.max_length, stopping=decode.stopping)
+    result = beam_search(TransformerStep(back, back_sources.to_tensor()), decode,
+                         num_hypotheses=1)
     found = [t.decode() for t in back_tokenizers.target.detokenize(result.ids[:, 0]).numpy()]
     assert found == expected
 

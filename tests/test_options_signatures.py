@@ -15,13 +15,14 @@ MAX_LENGTH = 128  # the tiny preset's positions: outputs have at most 127 tokens
 
 
 def with_options(loaded, texts, prefixes=None, beam_size=4, alpha=0.6, max_extra_length=50,
-                 num_hypotheses=1):
+                 num_hypotheses=1, stopping="exact", patience=1.0):
     prefixes = [""] * len(texts) if prefixes is None else prefixes
     return loaded.signatures["translate_with_options"](
         inputs=tf.constant(texts, tf.string), target_prefix=tf.constant(prefixes, tf.string),
         beam_size=tf.constant(beam_size), alpha=tf.constant(alpha, tf.float32),
         max_extra_length=tf.constant(max_extra_length),
-        num_hypotheses=tf.constant(num_hypotheses))
+        num_hypotheses=tf.constant(num_hypotheses), stopping=tf.constant(stopping),
+        patience=tf.constant(patience, tf.float32))
 
 
 def sample(loaded, texts, prefixes=None, num_hypotheses=1, max_extra_length=50,
@@ -51,10 +52,10 @@ def test_the_default_options_give_serving_default_and_nbest(loaded):
 
 
 def test_each_option_changes_what_it_should(loaded, translator):
-    from keras_transformer import greedy_search
+    from keras_transformer import DecodeConfig, greedy_search
     texts = sources(8)
-    greedy = greedy_search(translator.model, translator.source_ids(tf.constant(texts)),
-                           alpha=0.0)
+    greedy = greedy_search(translator.step(translator.source_ids(tf.constant(texts))),
+                           DecodeConfig(alpha=0.0))
     # A beam of 1 follows greedy search's path, and returns the most probable of the
     # translations ended on it: greedy's own, or one of its prefixes ended by EOS.
     beam_1 = with_options(loaded, texts, beam_size=1, alpha=0.0)
@@ -71,6 +72,11 @@ def test_each_option_changes_what_it_should(loaded, translator):
     plain = with_options(loaded, texts, alpha=0.0)
     np.testing.assert_allclose(plain["scores"], plain["log_probs"], rtol=1e-6)
     # max_extra_length 0: no output longer than its source (pieces + EOS).
+    # CTranslate2's stopping rule (a request's option) finishes hypotheses from fewer
+    # candidates and stops no later than the exact rule: its best never scores above.
+    exact, first = (with_options(loaded, texts, stopping=rule)["scores"][:, 0]
+                    for rule in ("exact", "first"))
+    assert np.all(first.numpy() <= exact.numpy() + 1e-5)
     short = with_options(loaded, ["seventy seven thousand three hundred"], max_extra_length=0,
                          beam_size=2)
     pieces = translator.source_ids(tf.constant(["seventy seven thousand three hundred"]))
@@ -85,6 +91,9 @@ def test_each_option_changes_what_it_should(loaded, translator):
      r"num_hypotheses must be in \[1, beam_size=4\], got 5"),
     ("translate_with_options", "alpha", float("nan"), r"alpha must be in \[0.0, inf\)"),
     ("translate_with_options", "max_extra_length", -1, r"max_extra_length must be in \[0"),
+    ("translate_with_options", "patience", 0.0, r"patience must be in \(0.0, inf\), got 0"),
+    ("translate_with_options", "stopping", "never",
+     r"stopping must be one of exact, transformers, first, got never"),
     ("sample", "num_hypotheses", 100, r"num_hypotheses must be in \[1, 8\], got 100"),
     ("sample", "temperature", -1.0, r"temperature must be in \[0.0, inf\), got -1"),
     ("sample", "top_k", -3, r"top_k must be in \[0, inf\), got -3"),
@@ -137,7 +146,7 @@ def test_a_prefix_starts_the_translation_and_its_log_prob_counts(loaded, transla
 def test_top_k_1_samples_the_greedy_translation(loaded, translator):
     from keras_transformer import greedy_search
     texts = sources(6)
-    greedy = greedy_search(translator.model, translator.source_ids(tf.constant(texts)))
+    greedy = greedy_search(translator.step(translator.source_ids(tf.constant(texts))))
     expected = translator.target_tokenizer.detokenize(greedy.ids[:, 0]).numpy()
     for seed in (0, 1):
         sampled = sample(loaded, texts, num_hypotheses=2, top_k=1, seed=seed,

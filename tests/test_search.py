@@ -1,39 +1,46 @@
 """The searches on scripted log-probability tables, without a model (the seam of
 keras_transformer.search): ties, EOS, a target prefix, an exact n-best and its early exit,
-each checked against reference_search's plain beam search that never stops early. Eager, in
-milliseconds."""
+each checked against reference_search's plain beam search that never stops early, and
+the other stopping rules against plain copies of generate()'s and CTranslate2's searches.
+Eager, in milliseconds."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from conftest import VOCAB
-from reference_search import exhaustive_beam_search, transformers_beam_search
-from keras_transformer import BOS_ID, EOS_ID, PAD_ID, search_beams, search_single_path
+from reference_search import (ctranslate2_beam_search, exhaustive_beam_search,
+                              transformers_beam_search)
+from keras_transformer import (BOS_ID, EOS_ID, PAD_ID, DecodeConfig, Step, beam_search,
+                               greedy_search)
 
 WIDTH = 6  # the outputs' width: every test's max_lengths are at most this
 
 
-class TableStep:
+class TableStep(Step):
     """A step of keras_transformer.search whose log-probs are a table's row: table
     float32 [WIDTH + 1, VOCAB, VOCAB], the log-probs of the token after position i given
-    the token there. It keeps no state, and counts its calls."""
+    the token there. It keeps no state, and counts its calls. `for_sentences` gives it
+    its sentences."""
+
+    max_positions = WIDTH + 1
 
     def __init__(self, table):
         self.table = tf.constant(table, tf.float32)
         self.calls = 0
 
+    def for_sentences(self, max_lengths, target_prefix=None, fixed_shapes=False):
+        """The step, over one sentence per max_lengths entry whose outputs may hold that
+        many tokens: sources of that many tokens, searched with max_extra_length 0."""
+        self.source_ids = tf.sequence_mask(max_lengths, WIDTH, tf.int32)
+        self.target_prefix = (None if target_prefix is None
+                              else tf.constant(target_prefix, tf.int32))
+        self.fixed_shapes = fixed_shapes
+        return self
+
     def __call__(self, seqs, i, state):
         self.calls += 1
         return tf.gather(self.table[i], seqs[:, i]), state
-
-    @staticmethod
-    def reorder(state, rows):
-        return state
-
-    @staticmethod
-    def keep(state, sentences):
-        return state
 
     def next_log_probs(self, prefixes, sources):
         """reference_search's next_log_probs: log-probs [n, t, vocab] after each prefix position."""
@@ -60,9 +67,12 @@ def table_favouring(rows):
     return np.log(table)
 
 
-def beams(step, max_lengths, **kwargs):
-    """search_beams over one sentence per max_lengths entry, as numpy."""
-    result = search_beams(step, {}, tf.constant(max_lengths, tf.int32), WIDTH, **kwargs)
+def beams(step, max_lengths, target_prefix=None, fixed_shapes=False, num_hypotheses=None,
+          **settings):
+    """beam_search over one sentence per max_lengths entry with the DecodeConfig of
+    `settings`, as numpy."""
+    step = step.for_sentences(max_lengths, target_prefix, fixed_shapes)
+    result = beam_search(step, DecodeConfig(max_extra_length=0, **settings), num_hypotheses)
     return tf.nest.map_structure(lambda t: t.numpy(), result)
 
 
@@ -133,16 +143,15 @@ def test_a_finished_hypothesis_leaves_the_beam_and_the_live_ones_go_on():
 
 
 def test_the_length_penalty_decides_between_a_short_and_a_long_output():
-    # EOS at once (0.3), or 4 then EOS (0.5 x 0.9 = 0.45): the longer output is likelier,
-    # and at alpha 0 it wins; the shorter wins when the penalty favours shortness
-    # (negative alpha), and ((5 + 2) / 6)^alpha over ((5 + 1) / 6)^alpha widens the
-    # longer's lead as alpha grows.
-    step = TableStep(table_favouring({(0, BOS_ID): {EOS_ID: 0.3, 4: 0.5},
-                                      (1, 4): {EOS_ID: 0.9}}))
+    # EOS at once (0.45), or 4 then EOS (0.5 x 0.8 = 0.4): the shorter output is likelier
+    # and wins at alpha 0; the penalty, ((5 + 2) / 6)^alpha over ((5 + 1) / 6)^alpha,
+    # lifts the longer above it from alpha 1 on (-0.785 against -0.799).
+    step = TableStep(table_favouring({(0, BOS_ID): {EOS_ID: 0.45, 4: 0.5},
+                                      (1, 4): {EOS_ID: 0.8}}))
     at = {alpha: [ids for ids, _ in hypotheses(beams(step, [WIDTH], beam_size=2, alpha=alpha))]
-          for alpha in (0.0, 1.0, -8.0)}
-    assert at[0.0] == at[1.0] == [(4, EOS_ID), (EOS_ID,)]
-    assert at[-8.0] == [(EOS_ID,), (4, EOS_ID)]
+          for alpha in (0.0, 1.0, 2.0)}
+    assert at[0.0] == [(EOS_ID,), (4, EOS_ID)]
+    assert at[1.0] == at[2.0] == [(4, EOS_ID), (EOS_ID,)]
 
 
 @pytest.mark.parametrize("length_penalty,alpha,lp", [
@@ -242,7 +251,8 @@ def test_one_exact_hypothesis_stops_as_soon_as_it_is_certain():
 def test_greedy_search_follows_the_likeliest_token_until_eos():
     table = random_table(3, sharpness=4.0)
     step = TableStep(table)
-    result = search_single_path(step, {}, tf.constant([WIDTH, 3]), WIDTH, alpha=0.0)
+    result = greedy_search(step.for_sentences([WIDTH, 3]),
+                           DecodeConfig(alpha=0.0, max_extra_length=0))
     for sentence, max_length in enumerate((WIDTH, 3)):
         ids, token, expected = result.ids.numpy()[sentence, 0], BOS_ID, []
         for position in range(max_length):
@@ -253,3 +263,63 @@ def test_greedy_search_follows_the_likeliest_token_until_eos():
             if token == EOS_ID:
                 break
         assert ids[:len(expected)].tolist() == expected and not ids[len(expected):].any()
+
+
+@pytest.mark.parametrize("fixed_shapes", [False, True], ids=["growing", "fixed_shapes"])
+@pytest.mark.parametrize("patience", [1.0, 2.0])
+def test_the_first_stopping_rule_searches_as_ctranslate2_on_random_tables(fixed_shapes,
+                                                                          patience):
+    """stopping="first" gives the hypotheses of reference_search's plain copy of
+    CTranslate2's beam search, patience included, which are not always the exact
+    search's."""
+    differ = 0
+    for length_penalty, alpha in (("average", 1.0), ("average", 0.0), ("gnmt", 1.4)):
+        for seed in range(4):
+            step = TableStep(random_table(seed, sharpness=1.0))
+            max_lengths = [WIDTH, 4]
+            result = beams(step, max_lengths, beam_size=3, alpha=alpha,
+                           fixed_shapes=fixed_shapes, length_penalty=length_penalty,
+                           stopping="first", patience=patience)
+            for sentence, max_length in enumerate(max_lengths):
+                expected = ctranslate2_beam_search(step.next_log_probs, np.zeros(1), 3, alpha,
+                                                   max_length, length_penalty, patience)
+                found = hypotheses(result, sentence)
+                assert [ids for ids, _ in found] == [ids for ids, _ in expected], (
+                    length_penalty, seed, sentence)
+                np.testing.assert_allclose([s for _, s in found], [s for _, s in expected],
+                                           rtol=1e-5)
+                exact = exhaustive_beam_search(step.next_log_probs, np.zeros(1), 3, alpha,
+                                               max_length, length_penalty=length_penalty)
+                differ += [ids for ids, _ in exact] != [ids for ids, _ in expected]
+    assert differ > 0
+
+
+def test_patience_waits_for_more_finished_hypotheses():
+    # After BOS: EOS 0.5 (finished at once), or 4 (0.4) then EOS 0.9. With a beam of 1 and
+    # patience 1 the first finished hypothesis ends the search; with patience 2 it waits
+    # for a second, the longer one, which scores higher at alpha 1.
+    step = TableStep(table_favouring({(0, BOS_ID): {EOS_ID: 0.5, 4: 0.4},
+                                      (1, 4): {EOS_ID: 0.9}}))
+    found, calls = {}, {}
+    for stopping, patience in (("first", 1.0), ("first", 2.0), ("exact", 1.0)):
+        step.calls = 0
+        found[stopping, patience] = hypotheses(beams(
+            step, [WIDTH], beam_size=1, alpha=1.0, length_penalty="average",
+            stopping=stopping, patience=patience))
+        calls[stopping, patience] = step.calls
+    assert found["first", 1.0] == [((EOS_ID,), pytest.approx(np.log(0.5)))]
+    assert found["first", 2.0] == found["exact", 1.0] == [
+        ((4, EOS_ID), pytest.approx(np.log(0.4 * 0.9) / 2))]
+    # Patience 1 ends after one step, where the exact rule waits for "4" to finish.
+    assert calls["first", 1.0] == 1 < calls["first", 2.0] == calls["exact", 1.0] == 2
+
+
+def test_a_stopping_rule_chosen_in_the_graph_searches_as_the_rule_named():
+    """A request's rule (a tf.string scalar) gives what the rule of that name gives."""
+    step = TableStep(random_table(5, sharpness=1.0))
+    for stopping in ("exact", "transformers", "first"):
+        settings = dict(beam_size=3, alpha=1.0, length_penalty="average")
+        named = beams(step, [WIDTH, 4], stopping=stopping, **settings)
+        chosen = beams(step, [WIDTH, 4], stopping=tf.constant(stopping), **settings)
+        for sentence in range(2):
+            assert hypotheses(chosen, sentence) == hypotheses(named, sentence), stopping

@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import (BOS_ID, EOS_ID, PAD_ID, Transformer, TransformerConfig,
-                               beam_search, search_beams)
+from keras_transformer import (BOS_ID, EOS_ID, PAD_ID, DecodeConfig, Transformer,
+                               TransformerConfig, TransformerStep, beam_search)
 from keras_transformer.quantization import quantize_step_weights
-from keras_transformer.search import output_limits
+from keras_transformer.search import WrappedStep
 from keras_transformer.shortlist import SPECIAL_IDS, Shortlist
-from keras_transformer.step import TransformerStep
 
 VOCAB = 40
 
@@ -81,18 +80,20 @@ def test_a_batchs_candidates_are_the_specials_the_frequent_its_sources_lists_and
     assert len(candidates) < VOCAB  # a shortlist, not the vocabulary
 
 
-class MaskedStep:
+class MaskedStep(WrappedStep):
     """The full vocabulary's step with every non-candidate at -inf and the softmax taken
     over the candidates: what a shortlist must rank, in the vocabulary's own ids."""
 
     def __init__(self, step, candidates):
-        self.step = step
+        super().__init__(step)
         self.mask = tf.scatter_nd(candidates[:, None], tf.ones_like(candidates), [VOCAB]) > 0
-        self.reorder, self.keep = step.reorder, step.keep
 
-    def __call__(self, seqs, i, state):
-        log_probs, state = self.step(seqs, i, state)
-        return tf.nn.log_softmax(tf.where(self.mask, log_probs, float("-inf"))), state
+    def log_probs(self, log_probs, seqs, i):
+        return tf.nn.log_softmax(tf.where(self.mask, log_probs, float("-inf")))
+
+
+# The tests' search: beam 3, the paper's alpha, 6 tokens beyond the source's.
+SEARCH = DecodeConfig(beam_size=3, alpha=0.6, max_extra_length=6)
 
 
 @pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
@@ -107,14 +108,10 @@ def test_beam_search_over_the_candidates_is_the_masked_full_search(weights):
 
     @tf.function  # the int8 kernel runs in graphs only
     def searches():
-        result = beam_search(model, SOURCES, beam_size=3, alpha=0.6, extra_length=6,
-                             target_prefix=prefix, step_weights=step_weights,
-                             shortlist=shortlist)
-        width, max_lengths = output_limits(SOURCES, 6, model.config.max_length)
-        step, state = TransformerStep.start(model, SOURCES, width, beam_size=3,
-                                            weights=step_weights)
-        reference = search_beams(MaskedStep(step, candidates), state, max_lengths, width,
-                                 beam_size=3, alpha=0.6, target_prefix=prefix)
+        result = beam_search(TransformerStep(model, SOURCES, prefix, weights=step_weights,
+                                             shortlist=shortlist), SEARCH)
+        step = TransformerStep(model, SOURCES, prefix, weights=step_weights)
+        reference = beam_search(MaskedStep(step, candidates), SEARCH)
         return result, reference
 
     result, reference = searches()
@@ -142,8 +139,8 @@ def test_each_call_ranks_its_own_batchs_candidates(weights, monkeypatch):
         step_weights = quantize_step_weights(model.step_weights(model.config.max_length))
 
     def search(sources):
-        return beam_search(model, sources, beam_size=3, alpha=0.6, extra_length=6,
-                           step_weights=step_weights, shortlist=shortlist)
+        return beam_search(TransformerStep(model, sources, weights=step_weights,
+                                           shortlist=shortlist), SEARCH)
 
     # Two one-piece sources with as many candidates (a kernel that keeps its weight
     # re-lays it out at a new shape) but different ones.
@@ -170,9 +167,9 @@ def test_a_shortlist_of_every_piece_changes_nothing():
     model = tiny_model()
     everything = Shortlist(tf.range(SPECIAL_IDS, VOCAB),
                            tf.fill([VOCAB, 1], EOS_ID), VOCAB)
-    full = beam_search(model, SOURCES, beam_size=4, alpha=0.6, extra_length=6)
-    listed = beam_search(model, SOURCES, beam_size=4, alpha=0.6, extra_length=6,
-                         shortlist=everything)
+    config = DecodeConfig(beam_size=4, alpha=0.6, max_extra_length=6)
+    full = beam_search(TransformerStep(model, SOURCES), config)
+    listed = beam_search(TransformerStep(model, SOURCES, shortlist=everything), config)
     np.testing.assert_array_equal(listed.ids.numpy(), full.ids.numpy())
     np.testing.assert_allclose(listed.scores.numpy(), full.scores.numpy(), atol=1e-5)
     assert (full.ids.numpy() != PAD_ID).sum() > 0
@@ -181,6 +178,6 @@ def test_a_shortlist_of_every_piece_changes_nothing():
 def test_a_shortlist_needs_the_cached_growing_search():
     model = tiny_model()
     with pytest.raises(ValueError, match="use_cache"):
-        beam_search(model, SOURCES, use_cache=False, shortlist=small_shortlist())
+        TransformerStep(model, SOURCES, use_cache=False, shortlist=small_shortlist())
     with pytest.raises(ValueError, match="fixed_shapes"):
-        beam_search(model, SOURCES, fixed_shapes=True, shortlist=small_shortlist())
+        TransformerStep(model, SOURCES, fixed_shapes=True, shortlist=small_shortlist())

@@ -145,7 +145,7 @@ def test_encoder_and_decoder_depths_apart(encoder_layers, decoder_layers):
     """num_encoder_layers and num_decoder_layers build stacks of their own depths, and the
     cached search (its cache and step weights per decoder layer) decodes what teacher
     forcing does; num_layers alone sets both, so older configs read back unchanged."""
-    from keras_transformer import beam_search
+    from keras_transformer import DecodeConfig, TransformerStep, beam_search
     config = dataclasses.replace(CONFIG, num_encoder_layers=encoder_layers,
                                  num_decoder_layers=decoder_layers)
     m = Transformer(config)
@@ -153,7 +153,8 @@ def test_encoder_and_decoder_depths_apart(encoder_layers, decoder_layers):
     assert (len(m.encoder.layers), len(m.decoder.layers)) == (encoder_layers, decoder_layers)
     assert config.depth == f"{encoder_layers}+{decoder_layers}"
     source = tf.constant(random_batch(np.random.default_rng(8), vocab=50)[0])
-    cached, uncached = (beam_search(m, source, beam_size=3, extra_length=5, use_cache=use)
+    cached, uncached = (beam_search(TransformerStep(m, source, use_cache=use),
+                                    DecodeConfig(beam_size=3, max_extra_length=5))
                         for use in (True, False))
     np.testing.assert_array_equal(cached.ids, uncached.ids)
     np.testing.assert_allclose(cached.scores, uncached.scores, atol=1e-4)

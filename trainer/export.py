@@ -50,8 +50,11 @@ flags.DEFINE_enum("length_penalty", DecodeConfig.length_penalty, LENGTH_PENALTIE
                   "average, length^alpha (Hugging Face, Marian, CTranslate2).")
 flags.DEFINE_enum("stopping", DecodeConfig.stopping, STOPPING_RULES, "SavedModel: when a "
                   "sentence's beam search is done: exact, once no live beam can still enter "
-                  "its n-best, or transformers, as Hugging Face's generate() stops by "
-                  "default (a converted checkpoint's setting).")
+                  "its n-best; transformers, as Hugging Face's generate() stops by default "
+                  "(a converted checkpoint's setting); first, once --patience x beam size "
+                  "hypotheses have finished (CTranslate2's and fairseq's rule).")
+flags.DEFINE_float("patience", DecodeConfig.patience, "SavedModel: with --stopping=first, the "
+                   "finished hypotheses a sentence waits for, as a multiple of the beam size.")
 flags.DEFINE_integer("max_beam_size", DecodeConfig.max_beam_size, "SavedModel: the largest "
                      "beam_size (and number of samples) a client may ask of the "
                      "translate_with_options and sample signatures.")

@@ -8,8 +8,9 @@ export directory (its highest version is used).
 Decoding options go through the export's signatures:
   - none of the flags below: `serving_default` (the export's beam size and alpha), or
     the signature --signature names;
-  - --beam_size, --alpha, --num_hypotheses, --max_extra_length, --prefix_file:
-    `translate_with_options`, unset ones at the export's values (its export.json);
+  - --beam_size, --alpha, --stopping, --patience, --num_hypotheses,
+    --max_extra_length, --prefix_file: `translate_with_options`, unset ones at the
+    export's values (its export.json);
   - --temperature, --sample_topk, --sample_topp (with --seed): `sample`.
 --num_hypotheses=k prints k lines per input line, best first. --prefix_file holds one
 target prefix per input line (an empty line: none): each translation starts with it.
@@ -20,6 +21,7 @@ import sys
 
 from absl import flags
 
+from keras_transformer.config import STOPPING_RULES
 from trainer import cli
 
 FLAGS = flags.FLAGS
@@ -31,6 +33,12 @@ flags.DEFINE_string("signature", None, "Signature that maps inputs to translatio
 flags.DEFINE_integer("beam_size", None, "Beam size, 1 (greedy) to the export's "
                      "--max_beam_size (default: the export's beam size).")
 flags.DEFINE_float("alpha", None, "Length penalty exponent, >= 0 (default: the export's).")
+flags.DEFINE_enum("stopping", None, STOPPING_RULES, "When a sentence's beam search is done: "
+                  "exact (no live beam can still win), transformers (generate()'s guess) or "
+                  "first (patience x beam_size hypotheses have finished; CTranslate2's) "
+                  "(default: the export's).")
+flags.DEFINE_float("patience", None, "With --stopping=first, the finished hypotheses a "
+                   "sentence waits for, as a multiple of the beam size (default: the export's).")
 flags.DEFINE_integer("num_hypotheses", None, "Translations per input, best first, printed "
                      "as that many lines (default 1).")
 flags.DEFINE_integer("max_extra_length", None, "Output tokens beyond the input's (default: "
@@ -44,7 +52,7 @@ flags.DEFINE_float("sample_topp", None, "Sample within the top-p nucleus, 0 < p 
 flags.DEFINE_integer("seed", 0, "Seed of sampling: the same seed and input give the same "
                      "samples.")
 
-BEAM_FLAGS = ("beam_size", "alpha")
+BEAM_FLAGS = ("beam_size", "alpha", "stopping", "patience")
 SAMPLING_FLAGS = ("temperature", "sample_topk", "sample_topp")
 SHARED_FLAGS = ("num_hypotheses", "max_extra_length", "prefix_file")
 
@@ -60,7 +68,8 @@ def signature_and_options(decode):
     if FLAGS.signature:
         cli.fail(f"--signature cannot be combined with --{', --'.join(sorted(given))}")
     if given & set(BEAM_FLAGS) and given & set(SAMPLING_FLAGS):
-        cli.fail("--beam_size/--alpha (beam search) and --temperature/--sample_topk/"
+        cli.fail("--beam_size/--alpha/--stopping/--patience (beam search) and "
+                 "--temperature/--sample_topk/"
                  "--sample_topp (sampling) exclude each other")
     shared = {"num_hypotheses": tf.constant(FLAGS.num_hypotheses or 1),
               "max_extra_length": tf.constant(decode.max_extra_length
@@ -75,10 +84,14 @@ def signature_and_options(decode):
             "top_p": tf.constant(1.0 if FLAGS.sample_topp is None else FLAGS.sample_topp,
                                  tf.float32),
             "seed": tf.constant(FLAGS.seed, tf.int64)}
-    alpha = decode.alpha if FLAGS.alpha is None else FLAGS.alpha
-    return "translate_with_options", {
-        **shared, "beam_size": tf.constant(FLAGS.beam_size or decode.beam_size),
-        "alpha": tf.constant(alpha, tf.float32)}
+    import dataclasses
+    from trainer.serving.options import request_options
+    try:
+        asked = dataclasses.replace(decode, **{name: FLAGS[name].value for name in BEAM_FLAGS
+                                               if FLAGS[name].value is not None})
+    except ValueError as e:
+        cli.fail(str(e))
+    return "translate_with_options", {**request_options(asked), **shared}
 
 
 def main(argv):

@@ -13,30 +13,27 @@ import time
 from typing import List
 
 
-class StepCounter:
-    """The model as beam_search sees it, counting decoder steps (loop iterations)."""
+def counting_step(step, counts):
+    """A keras_transformer.search WrappedStep around `step` that adds each call's rows
+    and one step to counts["rows"] and counts["steps"] (int64 tf.Variables, which survive
+    tracing into the search's loop): the work a search asks of its step."""
+    import tensorflow as tf
+    from keras_transformer.search import WrappedStep
 
-    def __init__(self, model):
-        import tensorflow as tf
-        self.model, self.config = model, model.config
-        self.steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+    class Counting(WrappedStep):
+        def __call__(self, seqs, i, state):
+            with tf.control_dependencies([
+                    counts["rows"].assign_add(tf.cast(tf.shape(seqs)[0], tf.int64)),
+                    counts["steps"].assign_add(1)]):
+                return super().__call__(seqs, i, state)
 
-    def encode(self, *args, **kwargs):
-        return self.model.encode(*args, **kwargs)
+    return Counting(step)
 
-    def initial_cache(self, *args):
-        return self.model.initial_cache(*args)
 
-    def step_weights(self, *args):
-        return self.model.step_weights(*args)
-
-    def decode_step(self, *args, **kwargs):
-        self.steps.assign_add(1)
-        return self.model.decode_step(*args, **kwargs)
-
-    def decode(self, *args, **kwargs):
-        self.steps.assign_add(1)
-        return self.model.decode(*args, **kwargs)
+def counters():
+    """{"rows": , "steps": } int64 tf.Variables at 0, for `counting_step`."""
+    import tensorflow as tf
+    return {name: tf.Variable(0, dtype=tf.int64, trainable=False) for name in ("rows", "steps")}
 
 
 def best_ids(ids):
@@ -84,14 +81,15 @@ def our_implementations(export, translator):
     """Ours: the SavedModel's translate_ids and serving_default, and the in-process
     search with and without the cache (the last one apart: it may run on fewer batches)."""
     import tensorflow as tf
-    from keras_transformer import beam_search
+    from keras_transformer import TransformerStep, beam_search
     translate_ids = export.loaded.signatures["translate_ids"]
     serving = export.loaded.signatures["serving_default"]
-    counted, decode = StepCounter(translator.model), export.decode
+    counts = counters()
     searches = {use_cache: tf.function(
         lambda ids, use_cache=use_cache: beam_search(
-            counted, ids, decode.beam_size, decode.alpha, decode.max_extra_length,
-            use_cache=use_cache), input_signature=[tf.TensorSpec([None, None], tf.int32)])
+            counting_step(TransformerStep(translator.model, ids, use_cache=use_cache), counts),
+            export.decode),
+        input_signature=[tf.TensorSpec([None, None], tf.int32)])
         for use_cache in (True, False)}
 
     def run_text(batch):
@@ -100,9 +98,9 @@ def our_implementations(export, translator):
 
     def run_ours(use_cache):
         def run(batch):
-            before = int(counted.steps.numpy())
+            before = int(counts["steps"].numpy())
             ids = searches[use_cache](batch[1]).ids[:, 0].numpy()
-            return best_ids(ids), int(counted.steps.numpy()) - before
+            return best_ids(ids), int(counts["steps"].numpy()) - before
         return run
 
     return ([Implementation("ours, SavedModel translate_ids (cache)", lambda batch: (

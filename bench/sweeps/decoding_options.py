@@ -25,11 +25,11 @@ import common  # noqa: E402
 def option_requests(decode) -> dict:
     """{row: (signature, its scalar inputs)}: translate_with_options given serving_default's
     settings and greedy, and sample's three restrictions."""
+    import dataclasses
     import tensorflow as tf
-    same = dict(beam_size=tf.constant(decode.beam_size), alpha=tf.constant(decode.alpha),
-                max_extra_length=tf.constant(decode.max_extra_length),
-                num_hypotheses=tf.constant(1))
-    greedy = {**same, "beam_size": tf.constant(1), "alpha": tf.constant(0.0)}
+    from trainer.serving.options import request_options
+    same = request_options(decode)
+    greedy = request_options(dataclasses.replace(decode, beam_size=1, alpha=0.0))
     return {
         f"translate_with_options, beam {decode.beam_size}": ("translate_with_options", same),
         "translate_with_options, beam 1 (greedy)": ("translate_with_options", greedy),

@@ -55,7 +55,7 @@ def coverage(shortlist, sources, references, batches):
             np.mean([len(c) for _, c in grouped]))
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--saved_model", required=True, help="a float32 export: its model "
                         "directory, weights and search are used in-process")
@@ -66,12 +66,55 @@ def main():
     parser.add_argument("--frequent", default="0,50,100,200,500")
     parser.add_argument("--per_source", default="5,10,20,50")
     parser.add_argument("--batch_size", type=int, default=64)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+class Translations:
+    """The export's beam search over --src (in batches of --batch_size sorted by length),
+    in-process, over a shortlist's candidates or the whole vocabulary."""
+
+    def __init__(self, translator, texts, batch_size):
+        import tensorflow as tf
+        from keras_transformer import TransformerStep, beam_search
+        from keras_transformer.shortlist import Shortlist
+        self.texts = texts
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i].split()))
+        self.batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        vocab_size = translator.model.config.vocab_size
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
+                                      tf.TensorSpec([None], tf.int32),
+                                      tf.TensorSpec([None, None], tf.int32)])
+        def translate(inputs, frequent, by_source):
+            source_ids = translator.source_ids(inputs)
+            shortlist = (None if by_source.shape[0] == 0 else
+                         Shortlist(frequent, by_source, vocab_size))
+            step = TransformerStep(translator.model, source_ids, weights=translator.step_weights,
+                                   shortlist=shortlist)
+            result = beam_search(step, translator.decode, 1)
+            return translator.best(source_ids, result)["translations"]
+
+        self.translate = translate
+
+    def of(self, frequent, by_source):
+        """The translations of --src, in its order, over the shortlist (frequent,
+        by_source); by_source with no rows: the whole vocabulary."""
+        import tensorflow as tf
+        outputs = [None] * len(self.texts)
+        for batch in self.batches:
+            found = self.translate(tf.constant([self.texts[i] for i in batch]), frequent,
+                                   by_source).numpy()
+            for i, text in zip(batch, found):
+                outputs[i] = text.decode("utf-8")
+        return outputs
+
+
+def main():
+    args = parse_args()
     common.require(["sacrebleu"], "this sweep")
 
     import sacrebleu
-    import tensorflow as tf
-    from keras_transformer import EOS_ID, beam_search
+    from keras_transformer import EOS_ID
     from keras_transformer.shortlist import Shortlist
     from trainer.data.tokenizer import Tokenizers
     from trainer.serving import saved_model
@@ -79,38 +122,16 @@ def main():
 
     export = common.Export(args.saved_model)
     translator, _ = saved_model.build_translator(export.info["model_dir"], export.options)
-    config, decode = translator.model.config, export.decode
+    config = translator.model.config
     tokenizers = Tokenizers(translator.source_tokenizer, translator.target_tokenizer)
     train = read_pairs(args.train_src, args.train_tgt, tokenizers)
     texts, references = common.read_lines(args.src), common.read_lines(args.ref)
     sources, reference_ids = read_pairs(args.src, args.ref, tokenizers)
     reference_ids = [ids + [EOS_ID] for ids in reference_ids]
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i].split()))
-    batches = [order[i:i + args.batch_size] for i in range(0, len(order), args.batch_size)]
+    translations = Translations(translator, texts, args.batch_size)
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
-                                  tf.TensorSpec([None], tf.int32),
-                                  tf.TensorSpec([None, None], tf.int32)])
-    def translate(inputs, frequent, by_source):
-        source_ids = translator.source_ids(inputs)
-        shortlist = Shortlist(frequent, by_source, config.vocab_size)
-        result = beam_search(translator.model, source_ids, beam_size=decode.beam_size,
-                             alpha=decode.alpha, extra_length=decode.max_extra_length,
-                             num_hypotheses=1,
-                             shortlist=None if by_source.shape[0] == 0 else shortlist)
-        return translator.best(source_ids, result)["translations"]
-
-    def translate_all(frequent, by_source):
-        outputs = [None] * len(texts)
-        for batch in batches:
-            for i, t in zip(batch, translate(tf.constant([texts[i] for i in batch]),
-                                             frequent, by_source).numpy()):
-                outputs[i] = t.decode("utf-8")
-        return outputs
-
-    everything = (np.arange(config.vocab_size, dtype=np.int32),
-                  np.full([config.input_vocab_size, 1], EOS_ID, np.int32))
-    full = translate_all(*everything)
+    full = translations.of(np.arange(config.vocab_size, dtype=np.int32),
+                           np.full([0, 1], EOS_ID, np.int32))
     full_bleu = sacrebleu.corpus_bleu(full, [references]).score
     rows = [["full vocabulary", "", "100.0%", "100.0%", f"{config.vocab_size}",
              f"{config.vocab_size}", f"{full_bleu:.2f}", "", f"{len(full)}"]]
@@ -119,14 +140,18 @@ def main():
             shortlist = Shortlist.from_corpus(*train, config.input_vocab_size,
                                               config.vocab_size, k, m)
             single, batched, per_sentence, per_batch = coverage(
-                shortlist, sources, reference_ids, batches)
-            outputs = translate_all(shortlist.frequent, shortlist.by_source)
+                shortlist, sources, reference_ids, translations.batches)
+            outputs = translations.of(shortlist.frequent, shortlist.by_source)
             bleu = sacrebleu.corpus_bleu(outputs, [references]).score
             rows.append([k, m, f"{100 * single:.1f}%", f"{100 * batched:.1f}%",
                          f"{per_sentence:.0f}", f"{per_batch:.0f}", f"{bleu:.2f}",
                          f"{bleu - full_bleu:+.2f}",
                          f"{sum(a == b for a, b in zip(outputs, full))}"])
             print(rows[-1], file=sys.stderr)
+    print_results(args, export, train, texts, rows)
+
+
+def print_results(args, export, train, texts, rows):
     common.print_header([("machine", common.describe()), ("export", export.describe()),
                          ("train", f"{args.train_src}, {args.train_tgt} "
                                    f"({len(train[0])} pairs)"),

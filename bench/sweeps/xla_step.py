@@ -2,7 +2,7 @@
 
 translate_xla (trainer/serving/xla.py) compiles a whole search on fixed shapes, and loses on
 batches of more than 4 sentences (bench/sweeps/xla_batch_sizes.py). This compiles only the
-step: the export's own search (keras_transformer.beam.search_beams: a growing cache,
+step: the export's own search (keras_transformer.beam_search: a growing cache,
 finished sentences leave the batch) over a step whose body (the decoder's step and the
 log-softmax) `tf.function(jit_compile=True)` compiles for each shape it meets: rows (beams
 of the sentences still searching), cache length and source width. Each export given
@@ -31,38 +31,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for comm
 import common  # noqa: E402
 
 
-class CompiledStep:
-    """A search's step (keras_transformer.search) whose call XLA compiles, once per shape;
-    reorder and keep are the wrapped step's."""
+def compiled(step):
+    """A search's step (keras_transformer.search.WrappedStep) whose call XLA compiles, once
+    per shape; everything else is the wrapped step's."""
+    from keras_transformer.search import WrappedStep
 
-    def __init__(self, step):
-        self.reorder, self.keep = step.reorder, step.keep
-        self._call = tf.function(step.__call__, jit_compile=True)
+    class Compiled(WrappedStep):
+        def around(self, inner):  # each variant of the inner step compiled on its own
+            wrapper = super().around(inner)
+            wrapper.call = tf.function(inner.__call__, jit_compile=True)
+            return wrapper
 
-    def __call__(self, seqs, i, state):
-        return self._call(seqs, i, state)
+        def __call__(self, seqs, i, state):
+            return self.call(seqs, i, state)
+
+    step = Compiled(step)
+    step.call = tf.function(step.inner.__call__, jit_compile=True)
+    return step
 
 
-def translate_function(translator, compiled: bool):
-    """tf.string [batch] -> translations, with the export's search (beam_search's, with
-    every setting of its DecodeConfig) over the graph step or the compiled one."""
-    from keras_transformer.beam import search_beams
-    from keras_transformer.search import output_limits
-    from keras_transformer.step import TransformerStep
-    model, decode = translator.model, translator.decode
+def translate_function(translator, compile_step: bool):
+    """tf.string [batch] -> translations, with the export's search (its DecodeConfig)
+    over the graph step or the compiled one."""
+    from keras_transformer import beam_search
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def translate(inputs):
         source_ids = translator.source_ids(inputs)
-        width, max_lengths = output_limits(source_ids, decode.max_extra_length,
-                                           model.config.max_length, decode.max_length)
-        step, state = TransformerStep.start(model, source_ids, width,
-                                            beam_size=decode.beam_size,
-                                            weights=translator.step_weights)
-        result = search_beams(CompiledStep(step) if compiled else step, state, max_lengths,
-                              width, decode.beam_size, decode.alpha, num_hypotheses=1,
-                              length_penalty=decode.length_penalty,
-                              stopping=decode.stopping)
+        step = translator.step(source_ids)
+        result = beam_search(compiled(step) if compile_step else step, translator.decode, 1)
         return translator.best(source_ids, result)["translations"]
     return translate
 
@@ -74,8 +71,8 @@ def measure(path, batches, repeats):
     translator, _ = saved_model.build_translator(export.info["model_dir"], export.options)
     sentences = sum(map(len, batches))
     rows = []
-    for name, compiled in (("graph", False), ("XLA", True)):
-        translate = translate_function(translator, compiled)
+    for name, compile_step in (("graph", False), ("XLA", True)):
+        translate = translate_function(translator, compile_step)
 
         def run_all():
             return [t.decode("utf-8") for batch in batches

@@ -96,14 +96,22 @@ def export(model_dir: str, export_dir: str, options: Options = Options()) -> str
 
 def search_note(decode: DecodeConfig) -> str:
     """One line on how to search as the model directory does: CTranslate2 takes the
-    search per request, and ranks by log-prob / length^length_penalty only (the "average"
-    length penalty)."""
-    request = f"beam_size={decode.beam_size}, length_penalty={decode.alpha:g}"
-    if decode.length_penalty == "average":
+    search per request; it ranks by log-prob / length^length_penalty only (the "average"
+    length penalty), and ends a sentence once beam_size x patience hypotheses have
+    finished (the "first" stopping rule)."""
+    request = (f"beam_size={decode.beam_size}, length_penalty={decode.alpha:g}, "
+               f"patience={decode.patience:g}")
+    differs = []
+    if decode.length_penalty != "average":
+        differs.append(f"ranks by length^{decode.alpha:g}, not by the model directory's gnmt "
+                       f"length penalty ((5 + length) / 6)^{decode.alpha:g}")
+    if decode.stopping != "first":
+        differs.append(f"ends a sentence once beam_size x patience hypotheses have finished "
+                       f"(stopping=first), not by the model directory's {decode.stopping} rule")
+    if not differs:
         return f"CTranslate2 takes the search per request: translate_batch(..., {request})"
-    return (f"CTranslate2 cannot rank by the model directory's gnmt length penalty "
-            f"((5 + length) / 6)^{decode.alpha:g}: translate_batch(..., {request}) ranks by "
-            f"length^{decode.alpha:g} instead")
+    return (f"CTranslate2 cannot search as the model directory does: translate_batch(..., "
+            f"{request}) " + "; it ".join(differs))
 
 
 def _ctranslate2():

@@ -27,8 +27,8 @@ config.max_length - 1 tokens.
 
 import tensorflow as tf
 
-from keras_transformer import (DecodeConfig, Transformer, beam_search, length_penalty,
-                               sequence_log_probs, shift_right)
+from keras_transformer import (DecodeConfig, Transformer, TransformerStep, beam_search,
+                               length_penalty, sequence_log_probs, shift_right)
 from keras_transformer.special_ids import EOS_ID, PAD_ID, UNK_ID
 from trainer.data import punctuation
 from trainer.data.tokenizer import Tokenizers
@@ -77,26 +77,19 @@ class Translator(OptionSignatures, tf.Module):
             inputs = punctuation.normalize(inputs, self.normalize_punctuation)
         pieces = self.source_tokenizer.tokenize(inputs)
         pieces = pieces[:, :self.model.config.max_length - 1]
-        eos = tf.fill(tf.stack([pieces.nrows(), 1]), EOS_ID)
-        ids = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1)
-        ids = tf.cast(ids.to_tensor(default_value=PAD_ID), tf.int32)
         # An input with no pieces (empty, whitespace) gets no EOS either: nothing to translate.
-        return ids * tf.cast(pieces.row_lengths() > 0, tf.int32)[:, None]
+        return _padded(pieces, eos=True) * tf.cast(pieces.row_lengths() > 0, tf.int32)[:, None]
 
     def target_ids(self, targets):
         """tf.string [batch] -> int32 [batch, tgt_len]: pieces + EOS, 0-padded, truncated to
         the longest output the model can produce (config.max_length - 1: BOS takes a
         position); the empty string is the output [EOS]."""
-        pieces = self._target_pieces(targets)
-        eos = tf.fill(tf.stack([pieces.nrows(), 1]), EOS_ID)
-        ids = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], axis=1)
-        return tf.cast(ids.to_tensor(default_value=PAD_ID), tf.int32)
+        return _padded(self._target_pieces(targets), eos=True)
 
     def prefix_ids(self, target_prefix):
         """tf.string [batch] -> int32 [batch, prefix_len]: the pieces an output must start
         with, 0-padded (no EOS: the output goes on); "" is no prefix."""
-        return tf.cast(self._target_pieces(target_prefix).to_tensor(default_value=PAD_ID),
-                       tf.int32)
+        return _padded(self._target_pieces(target_prefix), eos=False)
 
     def _target_pieces(self, texts):
         """Target-side pieces of tf.string [batch], ragged, at most config.max_length - 2
@@ -104,16 +97,20 @@ class Translator(OptionSignatures, tf.Module):
         pieces = self.target_tokenizer.tokenize(_valid_utf8(texts))
         return pieces[:, :self.model.config.max_length - 2]
 
-    def search(self, source_ids, num_hypotheses=1):
-        """Beam search with `decode`'s settings, whose first num_hypotheses outputs are
-        exact (1: the signatures that return only the best translation stop as soon as
-        it is certain)."""
-        return beam_search(self.model, source_ids, beam_size=self.decode.beam_size,
-                           alpha=self.decode.alpha, extra_length=self.decode.max_extra_length,
-                           use_cache=self.use_cache, num_hypotheses=num_hypotheses,
-                           step_weights=self.step_weights, shortlist=self.shortlist,
-                           length_penalty=self.decode.length_penalty,
-                           max_length=self.decode.max_length, stopping=self.decode.stopping)
+    def step(self, source_ids, target_prefix=None, shortlist=True):
+        """The model as a search's step over source_ids int32 [batch, src_len] (a
+        TransformerStep with the export's weights and, unless shortlist=False, its
+        shortlist), outputs starting with target_prefix int32 [batch, prefix_len]."""
+        return TransformerStep(self.model, source_ids, target_prefix, self.use_cache,
+                               weights=self.step_weights,
+                               shortlist=self.shortlist if shortlist else None)
+
+    def search(self, source_ids, num_hypotheses=1, decode=None, target_prefix=None):
+        """Beam search with `decode`'s settings (default: the export's), whose first
+        num_hypotheses outputs are what its rule finds (1: the signatures that return only
+        the best translation stop as soon as it is certain)."""
+        return beam_search(self.step(source_ids, target_prefix), decode or self.decode,
+                           num_hypotheses)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def translate(self, inputs):
@@ -126,10 +123,9 @@ class Translator(OptionSignatures, tf.Module):
     def best(self, source_ids, result):
         """translate's outputs from a search's DecodeResult: {"translations": tf.string
         [batch], "scores": float32 [batch]}, "" and 0 for empty inputs."""
-        has_input = tf.reduce_any(source_ids != PAD_ID, axis=1)
-        translations = self.target_tokenizer.detokenize(result.ids[:, 0])
-        return {"translations": tf.where(has_input, translations, ""),
-                "scores": tf.where(has_input, result.scores[:, 0], 0.0)}
+        return for_inputs(source_ids, {
+            "translations": self.target_tokenizer.detokenize(result.ids[:, 0]),
+            "scores": result.scores[:, 0]})
 
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
     def translate_ids(self, source_ids):
@@ -150,10 +146,8 @@ class Translator(OptionSignatures, tf.Module):
         # Attention needs at least one key, even when every row is empty.
         source_ids = tf.pad(source_ids, [[0, 0], [0, tf.maximum(1 - tf.shape(source_ids)[1], 0)]])
         result = self.search(source_ids)
-        has_input = tf.reduce_any(source_ids != PAD_ID, axis=1)
-        return {"ids": tf.where(has_input[:, None], result.ids[:, 0], PAD_ID),
-                "lengths": tf.where(has_input, result.lengths[:, 0], 0),
-                "scores": tf.where(has_input, result.scores[:, 0], 0.0)}
+        return for_inputs(source_ids, {"ids": result.ids[:, 0], "lengths": result.lengths[:, 0],
+                                       "scores": result.scores[:, 0]})
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
     def nbest(self, inputs):
@@ -176,10 +170,9 @@ class Translator(OptionSignatures, tf.Module):
         flat_ids = tf.reshape(ids, tf.stack([batch * k, width]))
         translations = tf.reshape(self.target_tokenizer.detokenize(flat_ids),
                                   tf.stack([batch, k]))
-        has_input = tf.reduce_any(source_ids != PAD_ID, axis=1)[:, None]  # [batch, 1]
-        return {"translations": tf.where(has_input, translations, ""),
-                "scores": tf.where(has_input, result.scores[:, :k], 0.0),
-                "log_probs": tf.where(has_input, result.log_probs[:, :k], 0.0)}
+        return for_inputs(source_ids, {"translations": translations,
+                                       "scores": result.scores[:, :k],
+                                       "log_probs": result.log_probs[:, :k]})
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
                                   tf.TensorSpec([None], tf.string)])
@@ -202,8 +195,7 @@ class Translator(OptionSignatures, tf.Module):
         lengths = tf.reduce_sum(tf.cast(target_ids != PAD_ID, tf.int32), axis=1)
         log_probs = sequence_log_probs(self.model, source_ids, target_ids)
         has_input = tf.reduce_any(source_ids != PAD_ID, axis=1)
-        empty_target = lengths == 1
-        log_probs = tf.where(has_input, log_probs, tf.where(empty_target, 0.0, _NEG_INF))
+        log_probs = tf.where(has_input, log_probs, tf.where(lengths == 1, 0.0, _NEG_INF))
         return {"log_probs": log_probs,
                 "scores": log_probs / length_penalty(lengths, self.decode.alpha,
                                                      self.decode.length_penalty),
@@ -227,25 +219,43 @@ class Translator(OptionSignatures, tf.Module):
         Entries past a row's lengths are padding.
         """
         source_ids = self.source_ids(inputs)
-        result = self.search(source_ids)
-        has_input = tf.reduce_any(source_ids != PAD_ID, axis=1)
-        output_lengths = tf.where(has_input, result.lengths[:, 0], 0)
-        output_ids = result.ids[:, 0, :tf.reduce_max(tf.concat([output_lengths, [0]], 0))]
-        output_ids = tf.where(has_input[:, None], output_ids, PAD_ID)  # [batch, tgt_len]
+        best = self.translate_ids(source_ids)  # its rows of empty inputs: all PAD
+        output_lengths = best["lengths"]
+        output_ids = best["ids"][:, :tf.reduce_max(tf.concat([output_lengths, [0]], 0))]
         encoder_output, encoder_weights = self.model.encode(
             source_ids, training=False, return_attention_scores=True)
         # Teacher forcing on the output reproduces the attention of every decoding step.
         _, cross_weights = self.model.decode(shift_right(output_ids), encoder_output,
                                              source_ids, training=False,
                                              return_attention_scores=True)
-        translations = self.target_tokenizer.detokenize(output_ids)
-        return {"translations": tf.where(has_input, translations, ""),
+        return {"translations": self.target_tokenizer.detokenize(output_ids),
                 "source_pieces": self.source_tokenizer.id_to_piece(source_ids),
                 "source_lengths": tf.reduce_sum(tf.cast(source_ids != PAD_ID, tf.int32), 1),
                 "output_pieces": self.target_tokenizer.id_to_piece(output_ids),
                 "output_lengths": output_lengths,
                 "encoder_self_attention": tf.stack(encoder_weights, axis=1),
                 "encoder_decoder_attention": tf.stack(cross_weights, axis=1)}
+
+
+def _padded(pieces, eos):
+    """int32 [batch, length] of ragged pieces int32 [batch, (pieces)], EOS after each row's
+    when `eos`, then 0 padding."""
+    if eos:
+        eos_column = tf.fill(tf.stack([pieces.nrows(), 1]), EOS_ID)
+        pieces = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos_column)], axis=1)
+    return tf.cast(pieces.to_tensor(default_value=PAD_ID), tf.int32)
+
+
+def for_inputs(source_ids, outputs):
+    """outputs (a dict of [batch, ...] tensors) with every row of an empty input (all
+    padding: nothing to translate) at its empty value: "" for texts, 0 for numbers."""
+    has_input = tf.reduce_any(source_ids != PAD_ID, axis=1)  # [batch]
+
+    def emptied(t):
+        has = tf.reshape(has_input, tf.concat([[-1], tf.ones([tf.rank(t) - 1], tf.int32)], 0))
+        return tf.where(has, t, tf.zeros_like(t))
+
+    return {name: emptied(t) for name, t in outputs.items()}
 
 
 def _valid_utf8(strings):

@@ -7,6 +7,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from keras_transformer import DecodeConfig
+from trainer.serving import options
 
 SIGNATURES = ("serving_default", "translate_ids", "nbest", "score", "attention",
               "translate_with_options", "sample")
@@ -33,9 +34,7 @@ def requests(model_name: str, decode: DecodeConfig, texts: Sequence[str] = TEXTS
         # as nbest does.
         "translate_with_options": {
             "inputs": texts, "target_prefix": [b"", b"", b"twenty"],
-            "beam_size": tf.constant(decode.beam_size), "alpha": tf.constant(decode.alpha),
-            "max_extra_length": tf.constant(decode.max_extra_length),
-            "num_hypotheses": tf.constant(min(2, decode.beam_size))},
+            **options.request_options(decode, num_hypotheses=min(2, decode.beam_size))},
         "sample": {
             "inputs": texts, "target_prefix": [b"", b"", b"twenty"],
             "num_hypotheses": tf.constant(min(2, decode.max_beam_size)),

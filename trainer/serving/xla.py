@@ -1,6 +1,6 @@
 """translate_xla, the opt-in signature for latency-bound serving (`trainer.export --xla`):
 serving_default's inputs, outputs and translations, with the search of a small request
-compiled by XLA on fixed shapes (`beam_search(fixed_shapes=True)`): a step's hundreds of
+compiled by XLA on fixed shapes (`TransformerStep(fixed_shapes=True)`): a step's hundreds of
 small ops fused. A larger request runs serving_default's search, whose shrinking batch and
 growing cache win there (docs/performance-notes.md has the measurements).
 
@@ -11,7 +11,7 @@ XLA's CPU JIT enabled (--xla_cpu_compilation_enabled).
 
 import tensorflow as tf
 
-from keras_transformer import beam_search
+from keras_transformer import TransformerStep, beam_search
 from trainer.serving.translator import Translator
 
 SIGNATURE = "translate_xla"
@@ -55,10 +55,6 @@ class XlaRoute:
 
     @tf.function(jit_compile=True)
     def _compiled_search(self, source_ids):
-        decode = self.translator.decode
-        return beam_search(self.translator.model, source_ids, beam_size=decode.beam_size,
-                           alpha=decode.alpha, extra_length=decode.max_extra_length,
-                           num_hypotheses=1, fixed_shapes=True,
-                           length_penalty=decode.length_penalty, max_length=decode.max_length,
-                           stopping=decode.stopping)
-
+        translator = self.translator
+        step = TransformerStep(translator.model, source_ids, fixed_shapes=True)
+        return beam_search(step, translator.decode, num_hypotheses=1)
