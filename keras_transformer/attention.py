@@ -280,7 +280,7 @@ class MultiHeadAttention(keras.layers.Layer):
             mask = position <= index
         heads = _step_attention(tf.reshape(query, [-1, 1, h, d_k]), key, value, mask,
                                 weights["elementwise"])
-        return self._step_output(tf.reshape(heads, [-1, h * d_v]), weights), key, value
+        return _step_output(tf.reshape(heads, [-1, h * d_v]), weights), key, value
 
     def cross_attention_step(self, x, key, value, mask, weights):
         """Encoder-decoder attention of one position per row, the rows / groups
@@ -300,12 +300,7 @@ class MultiHeadAttention(keras.layers.Layer):
         query = tf.reshape(query, [tf.shape(key)[0], -1, h, d_k])  # [groups, beams, h, d_k]
         heads = _step_attention(query, key, value, mask,
                                 weights["elementwise"])  # [groups, beams, h, d_v]
-        return self._step_output(tf.reshape(heads, [-1, h * d_v]), weights)
-
-    @staticmethod
-    def _step_output(heads, weights):
-        """W^O of the concatenated heads [rows, h * d_v] -> [rows, d_model]."""
-        return dense(heads, weights["output_kernel"], weights["output_bias"])
+        return _step_output(tf.reshape(heads, [-1, h * d_v]), weights)
 
     def call(self, query, value, attention_mask=None, training=None,
              return_attention_scores=False, packing=None):
@@ -320,3 +315,9 @@ class MultiHeadAttention(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "d_model": self.d_model,
                 "key_dim": self.key_dim, "value_dim": self.value_dim, "dropout": self.dropout}
+
+
+def _step_output(heads, weights):
+    """W^O of a step's concatenated heads [rows, h * d_v] -> [rows, d_model]
+    (MultiHeadAttention.step_weights' output kernel and bias)."""
+    return dense(heads, weights["output_kernel"], weights["output_bias"])
