@@ -49,7 +49,7 @@ REPO = BENCH.parent
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 MATMUL_SIZE = 2048
 MATMUL_CHAIN = 4  # matmuls per timed call, so dispatch does not count
-_FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "avx_vnni", "avx512_vnni",
+_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx_vnni", "avx512_vnni",
           "amx_tile", "amx_bf16", "amx_int8")
 
 
@@ -57,7 +57,7 @@ _FLAGS = ("avx512f", "avx512_bf16", "avx512_fp16", "avx_vnni", "avx512_vnni",
 
 
 def cpu_info() -> Tuple[str, List[str]]:
-    """(model name, the bfloat16 / AMX / VNNI flags present) from /proc/cpuinfo."""
+    """(model name, the vector, bfloat16, AMX and VNNI flags present) from /proc/cpuinfo."""
     model, flags = platform.processor() or "unknown", set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -72,7 +72,8 @@ def cpu_info() -> Tuple[str, List[str]]:
 
 
 def describe() -> str:
-    """One line: cores, CPU model, the flags that matter for bfloat16, memory."""
+    """One line: cores, CPU model, the flags that matter for matmuls (AVX2 alone: no
+    AVX-512, no bfloat16 units), memory."""
     model, flags = cpu_info()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
     return (f"{os.cpu_count()} cores, {model}, flags: {' '.join(flags) or 'none'}, "
@@ -165,13 +166,13 @@ def best_seconds(fn, reps: int) -> float:
     return min(seconds(fn) for _ in range(reps))
 
 
-def set_threads(threads: int):
-    """TensorFlow's intra- and inter-op threads (0: its default, one per core); call it
-    before TensorFlow runs anything."""
+def set_threads(threads: int, inter: int = None):
+    """TensorFlow's intra-op threads and its inter-op threads (default: as many; 0: its
+    default, one per core); call it before TensorFlow runs anything."""
     if threads:
         import tensorflow as tf
         tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(inter or threads)
 
 
 # ---------------------------------------------------------------- data and exports

@@ -1,22 +1,35 @@
 """Benchmark: how fast does this project decode, against CTranslate2 and keras-hub?
 
-Each table is asked for by a flag, and one call can ask for both. Every table decodes
+Each table is asked for by a flag, and one call can ask for several. Every table decodes
 Multi30k test2016 (--src, --ref) with the search the SavedModel (--saved_model) was exported
-with: its beam size, length penalty alpha and extra output length, from its export.json
-(keras_transformer.DecodeConfig's, the paper's, for an export without one).
+with: its beam size, length penalty (form and alpha), stopping rule, patience and extra
+output length, from its export.json (keras_transformer.DecodeConfig's, the paper's, for an
+export without one).
+
+--rules: each stopping rule's cost on the float32 export, its other settings its own:
+sentences/s (translate_with_options with the rule as a request option, one request at a
+time, sorted by length), sacreBLEU, row-steps (rows a step computes, summed over the run:
+the search's work, counted in-process over the same batches) and steps per sentence
+(row-steps / beam / sentences).
 
 --ctranslate2=CT2_DIR: our SavedModel against CTranslate2, on the same weights, sentences and
-threads, each system in its own process (CTranslate2's without TensorFlow):
-  - throughput (sentences/s, best of --repeats, 2 threads) in file order and sorted by
-    length, text in and text out: our `serving_default` (tokenization in the graph;
-    TensorFlow's intra- and inter-op pools of 2) on batches of --batch_size, and
-    CTranslate2 in its own best setup on 2 cores: one call of `translate_batch` on all the
-    sentences, which it sorts and cuts into batches of --batch_size itself, two batches
-    at a time (inter_threads 2, intra_threads 1), SentencePiece encoding and decoding in
-    Python around it. The ratio column compares the rates sorted by length (how
-    `trainer.translate` sends a file);
+threads, each system in its own process (CTranslate2's without TensorFlow). CTranslate2 ranks
+by log-prob / length^alpha and ends a sentence once beam x patience hypotheses have finished:
+the race is at equal rules when the exports were made with --length_penalty=average
+--stopping=first (the header's "rules" line says whether they were):
+  - throughput (sentences/s, best of --repeats, 2 cores) in file order and sorted by
+    length, text in and text out: our `serving_default` (tokenization in the graph) on
+    batches of --batch_size, one request at a time on TensorFlow's pools of 2 threads, and
+    two requests in flight of one intra-op thread each (as TF Serving runs concurrent
+    requests); CTranslate2 in its own best setup on 2 cores: one call of
+    `translate_batch` on all the sentences, which it sorts and cuts into batches of
+    --batch_size itself, two batches at a time (inter_threads 2, intra_threads 1),
+    SentencePiece encoding and decoding in Python around it. The ratio columns compare the
+    rates sorted by length (how `trainer.translate` sends a file) with CTranslate2 float32's
+    and int8's, and a line gives each engine at its best setup;
   - single-sentence latency, p50 and p95 over the first --latency_sentences sentences sent
-    one request at a time, in file order and sorted by length, with 2 threads and with 1;
+    one request at a time, in file order and sorted by length, with 2 threads and with 1,
+    and a line with each engine at its best thread setup;
   - sacreBLEU and chrF of each system's translations against the references, their mean
     length in target pieces, and how many equal our float32 export's (the same search on
     the same weights: a system that decodes other outputs does other work);
@@ -38,10 +51,9 @@ threads, each system in its own process (CTranslate2's without TensorFlow):
   float32, int8 and bfloat16 (where the CPU has it). With --env NAME=VALUE (repeatable),
   each serving_default row runs a second time with those variables set in its process
   (e.g. TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1), and the table counts the translations identical
-  to the row without them. CTranslate2 uses its length penalty (log-prob / length^alpha,
-  ours ((5 + length) / 6)^alpha), suppresses <pad> and <s> (never in our outputs) and may
-  stop at the model's positions - 1 tokens (ours: source + the extra length, at most that).
-  About 15 minutes (20 with --xla --env), of which the pauses between turns take 3.
+  to the row without them. CTranslate2 suppresses <pad> and <s> (never in our outputs) and
+  may stop at the model's positions - 1 tokens (ours: source + the extra length, at most
+  that). About 20 minutes (25 with --xla --env), of which the pauses between turns take 3.
 
 --peers --model_dir=DIR: beam-search speed (float32) against keras-hub's BeamSampler and our
 search without its key/value cache, in one process, on the first --sentences sentences (256
@@ -76,7 +88,7 @@ steps, so measure a model trained on --src's data. Not a test: run it by hand fr
 repository root, e.g.
 
   python bench/decoding.py --saved_model=EXPORT/1 --saved_model_bfloat16=EXPORT_BF16/1 \\
-      --ctranslate2=CT2_DIR --env=TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1
+      --ctranslate2=CT2_DIR --env=TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1 --rules
   python bench/decoding.py --saved_model=EXPORT --peers --model_dir=runs/small_multi30k
 
 TensorFlow is imported inside the functions that use it: the CTranslate2 workers (this
@@ -93,7 +105,7 @@ from typing import List, NamedTuple
 
 import common
 from peers import decoding_runners
-from peers.decoding_workers import (LATENCY_THREADS, PREVIOUS, SHORTLIST, VMAP, XLA,
+from peers.decoding_workers import (IN_FLIGHT, LATENCY_THREADS, PREVIOUS, SHORTLIST, VMAP, XLA,
                                     ctranslate2_sentencepiece, percentiles, taking_turns)
 from peers.decoding_workers import worker as run_worker
 
@@ -107,19 +119,34 @@ PEER_SENTENCES = 256  # --peers' default --sentences: keras-hub's tf.function ro
 
 
 def ctranslate2_search(export: common.Export) -> dict:
-    """What CTranslate2 is given: the export's beam and alpha, and the longest output its
-    model's positions allow."""
+    """What CTranslate2 is given: the export's beam, alpha and patience, and the longest
+    output its model's positions allow."""
     if "model" not in export.info:
         sys.exit(f"{export.version_dir} has no export.json saying its model; export it "
                  "again with python -m trainer.export")
     return {"beam_size": export.decode.beam_size, "alpha": export.decode.alpha,
+            "patience": export.decode.patience,
             "max_length": export.info["model"]["max_length"] - 1}
 
 
-def worker_command(args, engine: str, precision: str, threads: int, search: dict, serve=False):
+def rules_line(export: common.Export) -> str:
+    """Whether both engines search by the same rules: CTranslate2 ranks by the average
+    length penalty and stops by the "first" rule; our export by its own DecodeConfig."""
+    d = export.decode
+    both = (f"beam {d.beam_size}, log-prob / length^{d.alpha:g}, done once "
+            f"{d.patience:g} x beam hypotheses have finished")
+    if d.length_penalty == "average" and d.stopping == "first":
+        return f"equal on both sides: {both}"
+    return (f"NOT EQUAL: the export ranks by its {d.length_penalty} penalty and stops by its "
+            f"{d.stopping} rule, CTranslate2 by {both}; export with --length_penalty=average "
+            "--stopping=first for the race at equal rules")
+
+
+def worker_command(args, engine: str, precision: str, threads: int, search: dict,
+                   serve=False, in_flight=1):
     return [sys.executable, __file__, *sys.argv[1:], *(["--serve"] if serve else []),
             f"--ctranslate2_search={json.dumps(search)}",
-            f"--worker={engine}:{precision}:{threads}"]
+            f"--worker={engine}:{precision}:{threads}:{in_flight}"]
 
 
 def ctranslate2_systems(args):
@@ -143,19 +170,34 @@ def serving_label(args, precision: str) -> str:
     return f"{precision}, {' '.join(f'{k}={v}' for k, v in args.env)}" if args.env else precision
 
 
+def worker_setups(engine: str, precision: str):
+    """(threads, requests in flight) a system's workers run at: one request at a time at
+    each of LATENCY_THREADS, and for our SavedModel (not its XLA route, which leaves
+    batches of more than 4 to serving_default) IN_FLIGHT requests of one thread each, as
+    a server runs concurrent requests. CTranslate2 runs its own two at once (its best
+    setup, decoding_workers.ctranslate2_translator)."""
+    setups = [(threads, 1) for threads in LATENCY_THREADS]
+    if engine == "saved_model" and precision not in XLA.values():
+        setups.append((1, IN_FLIGHT))
+    return setups
+
+
 def measure_ctranslate2(args, search: dict):
-    """({(system, label, threads): a worker's results}, {(label, threads): taking turns})."""
+    """({(system, label, threads, in_flight): a worker's results}, {(label, threads):
+    taking turns})."""
     results = {}
     for name, engine, precision, env, label in ctranslate2_systems(args):
-        for threads in LATENCY_THREADS:
-            out = subprocess.run(worker_command(args, engine, precision, threads, search),
+        for threads, in_flight in worker_setups(engine, precision):
+            out = subprocess.run(worker_command(args, engine, precision, threads, search,
+                                                in_flight=in_flight),
                                  check=True, capture_output=True, text=True,
                                  env={**os.environ, **env}).stdout
-            result = results[name, label, threads] = json.loads(out.strip().splitlines()[-1])
+            key = (name, label, threads, in_flight)
+            result = results[key] = json.loads(out.strip().splitlines()[-1])
             if env and "outputs" in result:
-                plain = results[name, precision, threads]["outputs"]
+                plain = results[name, precision, threads, in_flight]["outputs"]
                 result["identical"] = sum(a == b for a, b in zip(result["outputs"], plain))
-            print(f"  {name}, {label}, {threads} threads: "
+            print(f"  {name}, {label}, {threads} threads, {in_flight} in flight: "
                   f"{ {k: v for k, v in result.items() if k != 'outputs'} }", file=sys.stderr)
     turns = {}
     if args.turns:
@@ -174,34 +216,49 @@ def measure_ctranslate2(args, search: dict):
     return results, turns
 
 
+def setup_label(engine: str, threads: int, in_flight: int) -> str:
+    if engine == "CTranslate2":
+        return f"{threads} translator{'s' if threads > 1 else ''} of 1 thread, its batching"
+    if in_flight > 1:
+        return f"{in_flight} requests in flight, 1 thread each"
+    return f"1 request at a time, {threads} threads"
+
+
 def print_ctranslate2_tables(args, results: dict, turns: dict):
     env = [] if not args.env else ["identical to the row without --env"]
+    timed = {key: r for key, r in results.items()
+             if "skipped" not in r and "sorted_rate" in r}
     # Each system at its best: ours sorted by length (as trainer.translate sends a file),
     # CTranslate2 with its own batching.
-    reference = results["CTranslate2", "float32", LATENCY_THREADS[0]]["sorted_rate"]
-    ours = results["this project, SavedModel", "float32", LATENCY_THREADS[0]]["outputs"]
+    reference = {c: results["CTranslate2", c, LATENCY_THREADS[0], 1].get("sorted_rate")
+                 for c in ("float32", "int8")}
+    ours = results["this project, SavedModel", "float32", LATENCY_THREADS[0], 1]["outputs"]
     _, target = ctranslate2_sentencepiece(args.ctranslate2)
-    rows = [[name, precision, f"{r['file_rate']:.1f}", f"{r['sorted_rate']:.1f}",
-             f"{r['sorted_rate'] / reference:.2f}x", f"{r['bleu']:.2f}", f"{r['chrf']:.2f}",
+    rows = [[name, precision, setup_label(name, threads, in_flight),
+             f"{r['file_rate']:.1f}", f"{r['sorted_rate']:.1f}",
+             *(f"{r['sorted_rate'] / reference[c]:.2f}x" if reference[c] else "-"
+               for c in ("float32", "int8")),
+             f"{r['bleu']:.2f}", f"{r['chrf']:.2f}",
              f"{statistics.mean(len(p) for p in target.encode(r['outputs'])):.1f}",
              f"{sum(a == b for a, b in zip(r['outputs'], ours))} of {len(ours)}",
              *([f"{r['identical']} of {len(r['outputs'])}" if "identical" in r else ""]
                if env else [])]
-            for (name, precision, threads), r in results.items()
-            if threads == LATENCY_THREADS[0] and "skipped" not in r]
+            for (name, precision, threads, in_flight), r in timed.items()]
     common.print_table(
-        ["system", "precision", "sentences/s, file order", "sentences/s, sorted by length",
-         "x CTranslate2 float32", "sacreBLEU", "chrF", "output pieces / sentence",
-         "outputs = our float32's", *env], rows, text_columns=2,
-        title=f"Throughput ({LATENCY_THREADS[0]} threads, best of {args.repeats}, text in "
-              "and out) and quality:")
+        ["system", "precision", "setup", "sentences/s, file order",
+         "sentences/s, sorted by length", "x CTranslate2 float32", "x CTranslate2 int8",
+         "sacreBLEU", "chrF", "output pieces / sentence", "outputs = our float32's", *env],
+        rows, text_columns=3,
+        title=f"Throughput (2 cores, best of {args.repeats}, text in and out) and quality:")
+    best_row(timed, reference)
     common.print_table(
         ["system", "precision", "threads", "file order", "sorted by length"],
         [[name, precision, threads, "{:.1f} / {:.1f}".format(*r["latency"]),
           "{:.1f} / {:.1f}".format(*r["sorted_latency"])]
-         for (name, precision, threads), r in results.items() if "skipped" not in r],
+         for (name, precision, threads, _), r in results.items() if "latency" in r],
         text_columns=2, title="Single-sentence latency, p50 / p95 ms over the first "
         f"{args.latency_sentences} sentences, one request at a time:")
+    best_latency(results)
     if turns:
         common.print_table(
             ["SavedModel", "threads", "SavedModel p50 / p95", "CTranslate2 float32 p50 / p95",
@@ -211,10 +268,104 @@ def print_ctranslate2_tables(args, results: dict, turns: dict):
              for (label, threads), ((o50, o95), (c50, c95), ratio) in turns.items()],
             title="The same, our SavedModel and CTranslate2 float32 taking turns request by "
                   f"request (file order, {args.turn_pause * 1e3:.0f} ms between requests):")
-    skipped = [f"{n} {p}: {r['skipped']}" for (n, p, t), r in results.items()
+    skipped = [f"{n} {p}: {r['skipped']}" for (n, p, t, _), r in results.items()
                if "skipped" in r and t == LATENCY_THREADS[0]]
     if skipped:
         print("Skipped: " + "; ".join(skipped) + "\n")
+
+
+def best_row(timed: dict, reference: dict):
+    """The line each engine's best throughput (sorted by length) makes, at its best setup."""
+    def best(engine):
+        rates = {(p, t, f): r["sorted_rate"] for (n, p, t, f), r in timed.items()
+                 if n.startswith(engine)}
+        return max(rates.items(), key=lambda item: item[1]) if rates else (None, 0.0)
+    (precision, threads, in_flight), ours = best("this project")
+    lines = [f"Each at its best: ours {precision}, {setup_label('ours', threads, in_flight)}: "
+             f"{ours:.1f} sentences/s"]
+    for compute_type, rate in reference.items():
+        if rate:
+            lines.append(f"{ours / rate:.2f}x CTranslate2 {compute_type} ({rate:.1f})")
+    print(", ".join(lines) + ".\n")
+
+
+def best_latency(results: dict):
+    """The line of each engine's best single-sentence p50 (file order), over its thread
+    setups, and their ratio."""
+    def best(engine, precision=None):
+        found = [(r["latency"][0], p, t) for (n, p, t, _), r in results.items()
+                 if n.startswith(engine) and "latency" in r and p in (precision or p)]
+        return min(found) if found else None
+    ours, theirs = best("this project"), best("CTranslate2", ("float32",))
+    if ours and theirs:
+        print(f"One sentence, each at its best thread setup (p50, file order): ours "
+              f"{ours[1]} at {ours[2]} threads {ours[0]:.1f} ms, CTranslate2 float32 at "
+              f"{theirs[2]} threads {theirs[0]:.1f} ms: {ours[0] / theirs[0]:.2f}x.\n")
+
+
+# ---------------------------------------------------------------- each stopping rule's cost
+
+
+def measure_rules(args, export, texts) -> list:
+    """[(rule, sentences/s, sacreBLEU, row-steps, steps per sentence)] of our float32
+    export under each stopping rule (its other settings its own), on --src sorted by
+    length in batches of --batch_size: translate_with_options one request at a time (2
+    threads) for the time, and the same search in-process over a step that counts its rows
+    (decoding_runners.counting_step) for the work."""
+    import dataclasses
+    import sacrebleu
+    import tensorflow as tf
+    from keras_transformer import beam_search
+    from keras_transformer.config import STOPPING_RULES
+    from trainer.serving import saved_model
+    from trainer.serving.options import request_options
+    references = common.read_lines(args.ref, args.sentences or 0)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i].split()))
+    batches = [order[i:i + args.batch_size] for i in range(0, len(order), args.batch_size)]
+    signature = export.loaded.signatures["translate_with_options"]
+    translator, _ = saved_model.build_translator(export.info["model_dir"], export.options)
+    counts = decoding_runners.counters()
+    rows = []
+    for rule in STOPPING_RULES:
+        decode = dataclasses.replace(export.decode, stopping=rule)
+        options = request_options(decode)
+
+        def translate_all():
+            outputs = [None] * len(texts)
+            for batch in batches:
+                inputs = tf.constant([texts[i] for i in batch])
+                found = signature(inputs=inputs, target_prefix=tf.fill(tf.shape(inputs), ""),
+                                  **options)["translations"][:, 0].numpy()
+                for i, text in zip(batch, found):
+                    outputs[i] = text.decode("utf-8")
+            return outputs
+
+        outputs = translate_all()
+        rate = len(texts) / common.best_seconds(translate_all, args.repeats)
+        counted = tf.function(lambda ids, decode=decode: beam_search(
+            decoding_runners.counting_step(translator.step(ids), counts), decode, 1),
+            input_signature=[tf.TensorSpec([None, None], tf.int32)])
+        for counter in counts.values():
+            counter.assign(0)
+        for batch in batches:
+            counted(translator.source_ids(tf.constant([texts[i] for i in batch])))
+        row_steps = int(counts["rows"].numpy())
+        rows.append((rule, rate, sacrebleu.corpus_bleu(outputs, [references]).score, row_steps,
+                     row_steps / decode.beam_size / len(texts)))
+        print(f"  stopping {rule}: {rows[-1]}", file=sys.stderr)
+    return rows
+
+
+def print_rules_table(args, export, rows):
+    d = export.decode
+    common.print_table(
+        ["stopping", "sentences/s", "sacreBLEU", "row-steps", "steps per sentence"],
+        [[rule, f"{rate:.1f}", f"{bleu:.2f}", f"{row_steps:,}", f"{steps:.1f}"]
+         for rule, rate, bleu, row_steps, steps in rows], text_columns=1,
+        title=f"Each stopping rule's cost on our float32 export (beam {d.beam_size}, "
+              f"{d.length_penalty} length penalty, alpha {d.alpha:g}, patience "
+              f"{d.patience:g}; translate_with_options, one request at a time on 2 threads, "
+              f"sorted by length; row-steps: rows a step computes, summed over the run):")
 
 
 # ---------------------------------------------------------------- against keras-hub
@@ -316,6 +467,9 @@ def parse_args(argv):
     ct2.add_argument("--worker", help=argparse.SUPPRESS)  # engine:precision:threads
     ct2.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ct2.add_argument("--ctranslate2_search", help=argparse.SUPPRESS)  # ctranslate2_search's
+    parser.add_argument("--rules", action="store_true", help="each stopping rule's cost on "
+                        "the float32 export: sentences/s, sacreBLEU, row-steps and steps per "
+                        "sentence")
     peers = parser.add_argument_group("against keras-hub")
     peers.add_argument("--peers", action="store_true", help="asks for this table")
     peers.add_argument("--model_dir", help="the export's model directory (needed)")
@@ -332,9 +486,9 @@ def parse_args(argv):
 def check_args(parser, args):
     if args.worker:
         return
-    if not (args.ctranslate2 or args.peers):
-        parser.error("ask for a table: --ctranslate2=DIR or --peers (--options and --cache "
-                     "are bench/sweeps/decoding_options.py and decoding_cache.py)")
+    if not (args.ctranslate2 or args.peers or args.rules):
+        parser.error("ask for a table: --ctranslate2=DIR, --rules or --peers (--options and "
+                     "--cache are bench/sweeps/decoding_options.py and decoding_cache.py)")
     if args.peers and not args.model_dir:
         parser.error("--peers needs --model_dir, the export's model directory")
     bad = [e for e in args.env if "=" not in e]
@@ -355,6 +509,9 @@ def main(argv=None):
     texts = common.read_lines(args.src, args.sentences or 0)
     loads = [os.getloadavg()[0]]
     reports = []  # what each table prints, in the order measured
+    if args.rules:
+        rules = measure_rules(args, export, texts)
+        reports.append(lambda: print_rules_table(args, export, rules))
     if args.ctranslate2:
         results, turns = measure_ctranslate2(args, ctranslate2_search(export))
         reports.append(lambda: print_ctranslate2_tables(args, results, turns))
@@ -394,6 +551,7 @@ def print_header(args, export, texts, loads):
             f"{k}={v}" for k, v in common.Export(args.saved_model_shortlist).info.get(
                 "shortlist", {}).items())),
         ("ctranslate2", args.ctranslate2),
+        ("rules", args.ctranslate2 and rules_line(export)),
         ("data", f"{args.src} ({len(texts)} sentences), batches of {args.batch_size}"),
         ("command", common.command()),
     ])

@@ -16,11 +16,15 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List
 
 import common
 
 LATENCY_THREADS = (2, 1)  # on one sentence a second thread can cost more than it brings
+# Our SavedModel serving as a server does: two requests in flight, each op on one thread
+# (TensorFlow's pools: intra-op 1, inter-op 2), against one request at a time on 2 threads.
+IN_FLIGHT = 2
 PREVIOUS = "float32, previous code"  # the --previous_saved_model row
 SHORTLIST = "shortlist"  # the --saved_model_shortlist row
 VMAP = ", use_vmap"  # CTranslate2's rows with its vocabulary map (--vmap)
@@ -28,11 +32,13 @@ VMAP = ", use_vmap"  # CTranslate2's rows with its vocabulary map (--vmap)
 XLA = {"float32": "float32, translate_xla", "bfloat16": "bfloat16, translate_xla"}
 
 
-def saved_model_translator(path: str, threads: int, signature: str = "serving_default"
-                           ) -> Callable[[List[str]], List[str]]:
+def saved_model_translator(path: str, threads: int, signature: str = "serving_default",
+                           in_flight: int = 1) -> Callable[[List[str]], List[str]]:
+    """A signature of the SavedModel at `path`, with TensorFlow's intra-op pool of `threads`
+    and an inter-op pool for `in_flight` requests at once of as many threads each."""
     import tensorflow as tf
     from trainer.serving import saved_model
-    common.set_threads(threads)
+    common.set_threads(threads, inter=threads * in_flight)
     function = saved_model.load(path).signatures[signature]
 
     def translate(texts):
@@ -49,8 +55,10 @@ def ctranslate2_translator(path: str, compute_type: str, threads: int, search: d
     (inter_threads, one intra-op thread each) and its own batching, a call on many texts
     sorted by length and cut into batches of `batch_size` that run side by side. One
     sentence runs on one thread, CTranslate2's fastest for a single request. `search`: the
-    SavedModel's beam size and alpha and the longest output its model allows; use_vmap:
-    rank only the vocabulary map's candidates (the directory's vmap.txt)."""
+    SavedModel's beam size, alpha and patience (CTranslate2's own rule: done once
+    beam_size x patience hypotheses have finished, ranked by log-prob / length^alpha) and
+    the longest output its model allows; use_vmap: rank only the vocabulary map's
+    candidates (the directory's vmap.txt)."""
     import ctranslate2
     source, target = ctranslate2_sentencepiece(path)
     translator = ctranslate2.Translator(path, device="cpu", compute_type=compute_type,
@@ -60,7 +68,8 @@ def ctranslate2_translator(path: str, compute_type: str, threads: int, search: d
         results = translator.translate_batch(
             source.encode(texts, out_type=str), max_batch_size=batch_size,
             batch_type="examples", beam_size=search["beam_size"],
-            length_penalty=search["alpha"], max_decoding_length=search["max_length"],
+            length_penalty=search["alpha"], patience=search["patience"],
+            max_decoding_length=search["max_length"],
             min_decoding_length=0, suppress_sequences=[["<pad>"], ["<s>"]],
             use_vmap=use_vmap)
         return target.decode([r.hypotheses[0] for r in results])
@@ -77,16 +86,20 @@ def ctranslate2_sentencepiece(path: str):
                  for name in names)
 
 
-def throughput(translate, texts: List[str], batch_size: int, repeats: int):
-    """(best sentences/s of `repeats` passes, translations in the order of texts);
-    batch_size None: all texts in one call (CTranslate2 batches them itself)."""
-    translate(texts[:batch_size or 64])  # warm-up
+def throughput(translate, texts: List[str], batch_size: int, repeats: int, in_flight: int = 1):
+    """(best sentences/s of `repeats` passes, translations in the order of texts), with
+    `in_flight` calls at once, each taking the next batch of batch_size texts (as a
+    server's concurrent requests); batch_size None: all texts in one call (CTranslate2
+    batches them itself)."""
     step = batch_size or len(texts)
-    best, outputs = float("inf"), []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        outputs = [t for i in range(0, len(texts), step) for t in translate(texts[i:i + step])]
-        best = min(best, time.perf_counter() - start)
+    batches = [texts[i:i + step] for i in range(0, len(texts), step)]
+    with ThreadPoolExecutor(max_workers=in_flight) as pool:
+        list(pool.map(translate, batches[:in_flight]))  # warm-up, each thread once
+        best, outputs = float("inf"), []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            outputs = [t for batch in pool.map(translate, batches) for t in batch]
+            best = min(best, time.perf_counter() - start)
     return len(texts) / best, outputs
 
 
@@ -102,7 +115,8 @@ def latency(translate, texts: List[str]):
     return percentiles([common.seconds(lambda t=t: translate([t])) * 1e3 for t in texts])
 
 
-def worker_translator(args, engine: str, precision: str, threads: int, texts: List[str]):
+def worker_translator(args, engine: str, precision: str, threads: int, texts: List[str],
+                      in_flight: int = 1):
     """The translate function of one system in this worker process (None: a compute type
     this CPU lacks, reported as skipped); args: bench/decoding.py's."""
     if engine == "ctranslate2":
@@ -119,7 +133,7 @@ def worker_translator(args, engine: str, precision: str, threads: int, texts: Li
              XLA["bfloat16"]: args.saved_model_bfloat16}
     xla = precision in XLA.values()
     translate = saved_model_translator(paths[precision], threads,
-                                       "translate_xla" if xla else "serving_default")
+                                       "translate_xla" if xla else "serving_default", in_flight)
     if xla:
         # A compile per batch size (up to trainer.serving.xla.MAX_BATCH; larger requests
         # run serving_default's search) and source-width bucket: warm the single-sentence
@@ -132,29 +146,36 @@ def worker_translator(args, engine: str, precision: str, threads: int, texts: Li
 
 
 def worker(args):
-    """One system at one thread count (--worker=engine:precision:threads) in this process;
-    prints its results as JSON, or with --serve answers requests from standard input (see
-    serve). args: bench/decoding.py's."""
-    engine, precision, threads = args.worker.split(":")
-    threads = int(threads)
+    """One system at one thread count, one request or several in flight
+    (--worker=engine:precision:threads:in_flight) in this process; prints its results as
+    JSON, or with --serve answers requests from standard input (see serve). Several in
+    flight: throughput only (a single sentence's latency is one request's). args:
+    bench/decoding.py's."""
+    engine, precision, threads, in_flight = args.worker.split(":")
+    threads, in_flight = int(threads), int(in_flight)
     texts = common.read_lines(args.src, args.sentences or 0)
-    translate = worker_translator(args, engine, precision, threads, texts)
+    translate = worker_translator(args, engine, precision, threads, texts, in_flight)
     if translate is None:
         return
     if args.serve:
         return serve(translate, texts)
     result = {}
-    if threads == LATENCY_THREADS[0]:
+    if threads == LATENCY_THREADS[0] or in_flight > 1:
         references = common.read_lines(args.ref, args.sentences or 0)
         # CTranslate2 sorts and batches a call's texts itself: the file in one call.
         batch_size = None if engine == "ctranslate2" else args.batch_size
-        result["file_rate"], outputs = throughput(translate, texts, batch_size, args.repeats)
+        result["file_rate"], outputs = throughput(translate, texts, batch_size, args.repeats,
+                                                  in_flight)
         result["sorted_rate"], _ = throughput(
-            translate, sorted(texts, key=lambda t: len(t.split())), batch_size, args.repeats)
+            translate, sorted(texts, key=lambda t: len(t.split())), batch_size, args.repeats,
+            in_flight)
         import sacrebleu
         result["bleu"] = sacrebleu.corpus_bleu(outputs, [references]).score
         result["chrf"] = sacrebleu.corpus_chrf(outputs, [references]).score
         result["outputs"] = outputs
+    if in_flight > 1:
+        print(json.dumps(result))
+        return
     first = texts[:args.latency_sentences]
     result["latency"] = latency(translate, first)
     result["sorted_latency"] = latency(translate, sorted(first, key=lambda t: len(t.split())))
