@@ -173,21 +173,22 @@ def test_the_early_exit_waits_for_a_live_beam_the_length_penalty_can_still_lift(
                                         rel=1e-5)
 
 
-@pytest.mark.parametrize("fixed_shapes", [False, True], ids=["growing", "fixed_shapes"])
-def test_the_transformers_stopping_rule_searches_as_generate_on_random_tables(fixed_shapes):
-    """stopping="transformers" gives the hypotheses of reference_search's plain copy of
-    generate()'s beam search, which are not always the exact search's."""
+def differs_from_exact(fixed_shapes, penalties, stopping, reference, **settings):
+    """Checks that `stopping` gives the hypotheses of reference_search's `reference` (a
+    plain copy of the search that rule is another engine's) on random tables, for each
+    (length penalty, alpha) of `penalties`; returns how many of those n-bests are not the
+    exact search's."""
     differ = 0
-    for length_penalty, alpha in (("average", 1.0), ("average", 0.0), ("gnmt", 0.6)):
+    for length_penalty, alpha in penalties:
         for seed in range(4):
             step = TableStep(random_table(seed, sharpness=1.0))
             max_lengths = [WIDTH, 4]
             result = beams(step, max_lengths, beam_size=3, alpha=alpha,
                            fixed_shapes=fixed_shapes, length_penalty=length_penalty,
-                           stopping="transformers")
+                           stopping=stopping, **settings)
             for sentence, max_length in enumerate(max_lengths):
-                expected = transformers_beam_search(step.next_log_probs, np.zeros(1), 3, alpha,
-                                                    max_length, length_penalty)
+                expected = reference(step.next_log_probs, np.zeros(1), 3, alpha, max_length,
+                                     length_penalty, **settings)
                 found = hypotheses(result, sentence)
                 assert [ids for ids, _ in found] == [ids for ids, _ in expected], (
                     length_penalty, seed, sentence)
@@ -196,7 +197,15 @@ def test_the_transformers_stopping_rule_searches_as_generate_on_random_tables(fi
                 exact = exhaustive_beam_search(step.next_log_probs, np.zeros(1), 3, alpha,
                                                max_length, length_penalty=length_penalty)
                 differ += [ids for ids, _ in exact] != [ids for ids, _ in expected]
-    assert differ > 0
+    return differ
+
+
+@pytest.mark.parametrize("fixed_shapes", [False, True], ids=["growing", "fixed_shapes"])
+def test_the_transformers_stopping_rule_searches_as_generate_on_random_tables(fixed_shapes):
+    """stopping="transformers" gives the hypotheses of reference_search's plain copy of
+    generate()'s beam search, which are not always the exact search's."""
+    assert differs_from_exact(fixed_shapes, (("average", 1.0), ("average", 0.0), ("gnmt", 0.6)),
+                              "transformers", transformers_beam_search) > 0
 
 
 def test_the_transformers_stopping_rule_stops_on_a_guess_the_exact_one_does_not_take():
@@ -272,26 +281,8 @@ def test_the_first_stopping_rule_searches_as_ctranslate2_on_random_tables(fixed_
     """stopping="first" gives the hypotheses of reference_search's plain copy of
     CTranslate2's beam search, patience included, which are not always the exact
     search's."""
-    differ = 0
-    for length_penalty, alpha in (("average", 1.0), ("average", 0.0), ("gnmt", 1.4)):
-        for seed in range(4):
-            step = TableStep(random_table(seed, sharpness=1.0))
-            max_lengths = [WIDTH, 4]
-            result = beams(step, max_lengths, beam_size=3, alpha=alpha,
-                           fixed_shapes=fixed_shapes, length_penalty=length_penalty,
-                           stopping="first", patience=patience)
-            for sentence, max_length in enumerate(max_lengths):
-                expected = ctranslate2_beam_search(step.next_log_probs, np.zeros(1), 3, alpha,
-                                                   max_length, length_penalty, patience)
-                found = hypotheses(result, sentence)
-                assert [ids for ids, _ in found] == [ids for ids, _ in expected], (
-                    length_penalty, seed, sentence)
-                np.testing.assert_allclose([s for _, s in found], [s for _, s in expected],
-                                           rtol=1e-5)
-                exact = exhaustive_beam_search(step.next_log_probs, np.zeros(1), 3, alpha,
-                                               max_length, length_penalty=length_penalty)
-                differ += [ids for ids, _ in exact] != [ids for ids, _ in expected]
-    assert differ > 0
+    assert differs_from_exact(fixed_shapes, (("average", 1.0), ("average", 0.0), ("gnmt", 1.4)),
+                              "first", ctranslate2_beam_search, patience=patience) > 0
 
 
 def test_patience_waits_for_more_finished_hypotheses():
