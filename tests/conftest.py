@@ -1,19 +1,22 @@
 """Shared test set-up: quiet TensorFlow logs, where the Multi30k files are (and the skip of
-a test that reads them where they are not), and one tiny model trained and exported once
-per session by the real `python -m trainer.task` in a subprocess (the fixtures `exported`, `loaded`, `translator`, `sentencepiece`), which every
-export, signature and CLI test shares (under pytest-xdist, all workers: trained once).
-Also what several test files share, so that no test module imports another: the decoding
+a test that reads them where they are not), and what a test run builds once for all its
+tests and workers (`built_once`): one tiny model trained and exported by the real
+`python -m trainer.task` (the fixtures `exported`, `loaded`, `translator`,
+`sentencepiece`), which every export, signature and CLI test shares, and the README's main
+job (`main_job`). Also what several test files share, so that no test module imports another: the decoding
 tests' copy task (`copy_model`, `copy_sources`, `decode`, ...), the training tests' `data`,
 `make_trainer` and `one_update`, and the task tests' `QUICK` flags and model-directory readers
 (`summaries`, `checkpoint_weights`, `exported_weights`, `latest_step`, `free_port`)."""
 
 import dataclasses
 import fcntl
+import hashlib
 import os
+import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -26,6 +29,7 @@ import tensorflow as tf  # noqa: E402
 
 from keras_transformer import (EOS_ID, DecodeConfig, Transformer,  # noqa: E402
                                TransformerConfig, TransformerStep, sequence_log_probs)
+from programs import program, succeeded  # noqa: E402 (the session's builds run them)
 
 REPO = Path(__file__).resolve().parents[1]
 # Multi30k as ../shared/data/multi30k holds it beside a development checkout, or where
@@ -78,20 +82,54 @@ def run(args, cwd, timeout=600, input=None, env=None):
     return result
 
 
-def _train_and_export(root: Path) -> Exported:
-    """Trains and exports in `root`, unless a run there has already done so (under
-    pytest-xdist, every worker's session asks for the same directory, one at a time)."""
-    model_dir, export_dir = root / "model", root / "export"
-    stdout = root / "task_stdout.txt"  # written once the run has succeeded
-    if not stdout.exists():
-        # 30 steps: a model that translates badly but fast; the tests check plumbing and
-        # properties that hold for any weights.
-        result = run([sys.executable, "-m", "trainer.task", "--train_steps=30",
-                      "--warmup_steps=30", "--eval_every=0", "--checkpoint_every=15",
-                      "--log_every=30", f"--model_dir={model_dir}",
-                      f"--export_dir={export_dir}"], cwd=root, env=_env())
-        stdout.write_bytes(result.stdout)
-    return Exported(model_dir, export_dir, export_dir / "1", stdout.read_text())
+_BUILT = set()  # what built_once has found or made, in this process
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object], *key) -> Path:
+    """The directory that build(directory) fills, made once per test run and shared by
+    every test that reads it, under pytest-xdist by every worker: the run's
+    <basetemp>/built/<name>-<hash of key>, where `key` is what makes it (a program's
+    flags, the directory it reads). The first worker to ask builds it under a file lock
+    while the others wait; a build that raises is not marked done, so whoever asks next
+    builds it again (and fails the same way). A test that changes what it finds there
+    works on a copy (shutil.copytree), since every other test reads the same files."""
+    directory = _built_directory(tmp_path_factory) / "-".join(
+        [name, hashlib.sha1(repr(key).encode()).hexdigest()[:10]])
+    if directory in _BUILT:
+        return directory
+    with open(f"{directory}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        done = Path(f"{directory}.done")
+        if not done.exists():
+            shutil.rmtree(directory, ignore_errors=True)  # a failed build's leftovers
+            directory.mkdir()
+            build(directory)
+            done.touch()
+    _BUILT.add(directory)
+    return directory
+
+
+def _built_directory(tmp_path_factory) -> Path:
+    """Where `built_once` builds: this run's, which all its workers share under
+    pytest-xdist (the parent of each worker's base temporary directory)."""
+    base = tmp_path_factory.getbasetemp()
+    directory = (base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "built"
+    directory.mkdir(exist_ok=True)
+    return directory
+
+
+# The session's model: 30 steps, a model that translates badly but fast; the tests check
+# plumbing and properties that hold for any weights.
+EXPORTED_FLAGS = ["--train_steps=30", "--warmup_steps=30", "--eval_every=0",
+                  "--checkpoint_every=15", "--log_every=30"]
+
+
+def _train_and_export(root: Path):
+    """python -m trainer.task with EXPORTED_FLAGS into root/model and root/export (in
+    this process: what is tested is what it made); its stdout in root/task_stdout.txt."""
+    result = succeeded(program("task", *EXPORTED_FLAGS, f"--model_dir={root / 'model'}",
+                               f"--export_dir={root / 'export'}", cwd=root))
+    (root / "task_stdout.txt").write_text(result.stdout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,30 +142,21 @@ class MainJob:
 MAIN_JOB = "python -m trainer.task"
 
 
+def _run_main_job(directory: Path):
+    """The README's command as a user types it, in a shell, in `directory`; its stdout
+    in directory/main_job_stdout.txt."""
+    job = run(["bash", "-c", MAIN_JOB], cwd=directory, env=_env(), timeout=1200)
+    (directory / "main_job_stdout.txt").write_bytes(job.stdout)
+
+
 @pytest.fixture(scope="session")
 def main_job(tmp_path_factory) -> MainJob:
-    """The README's main job, run once in a fresh directory by the files of the
-    xdist_group "main_job" (one worker): runs/tiny_builtin and saved_models/tiny_builtin
-    there are a model that translates the builtin corpus."""
-    if "main_job" not in _CACHE:
-        directory = tmp_path_factory.mktemp("main_job")
-        job = run(["bash", "-c", MAIN_JOB], cwd=directory, env=_env(), timeout=1200)
-        _CACHE["main_job"] = MainJob(directory, job.stdout.decode("utf-8"))
-    return _CACHE["main_job"]
-
-
-def _session_directory(tmp_path_factory, name: str):
-    """(directory, lock) for what the whole test run shares: a fresh directory, or under
-    pytest-xdist the one all workers share (beside their own), with an exclusive lock
-    that the caller holds until it has made or found what it needs there."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        directory = tmp_path_factory.mktemp(name)
-        return directory, None
-    directory = tmp_path_factory.getbasetemp().parent / name
-    directory.mkdir(exist_ok=True)
-    lock = open(directory.parent / f"{name}.lock", "w")
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    return directory, lock
+    """The README's main job, run once per test run in a fresh directory (the files
+    that read it share the xdist_group "main_job", one worker, which its 3 minutes keep
+    busy): runs/tiny_builtin and saved_models/tiny_builtin there are a model that
+    translates the builtin corpus."""
+    directory = built_once(tmp_path_factory, "main_job", _run_main_job, MAIN_JOB)
+    return MainJob(directory, (directory / "main_job_stdout.txt").read_text("utf-8"))
 
 
 def _env():
@@ -136,14 +165,11 @@ def _env():
 
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory) -> Exported:
-    if "exported" not in _CACHE:
-        directory, lock = _session_directory(tmp_path_factory, "export_session")
-        try:
-            _CACHE["exported"] = _train_and_export(directory)
-        finally:
-            if lock is not None:
-                lock.close()  # releases it
-    return _CACHE["exported"]
+    """The session's model (EXPORTED_FLAGS: checkpoints 15 and 30) and its export, trained
+    once per test run for every worker."""
+    root = built_once(tmp_path_factory, "exported", _train_and_export, EXPORTED_FLAGS)
+    return Exported(root / "model", root / "export", root / "export" / "1",
+                    (root / "task_stdout.txt").read_text())
 
 
 @pytest.fixture(scope="session")

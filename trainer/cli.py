@@ -1,7 +1,8 @@
 """What the command-line programs share: how they start, fail, read lines and report
 progress. Only the programs (trainer/task.py, translate.py, evaluate.py, export.py,
 average.py, visualize.py, convert.py, data/multi30k.py) import this module; the code below
-them takes plain arguments.
+them takes plain arguments. `run` runs a program's main in its own process, `call` in the
+caller's (the tests', tests/programs.py).
 """
 
 import dataclasses
@@ -21,8 +22,14 @@ from trainer import console
 NO_SPACE_STATUS = errno.ENOSPC
 
 
+# The programs `call` is running in this process, the innermost last.
+_CALLED: List[str] = []
+
+
 def program() -> str:
     """The running program as its user typed it, e.g. "trainer.task"."""
+    if _CALLED:
+        return _CALLED[-1]
     spec = getattr(sys.modules["__main__"], "__spec__", None)
     return spec.name if spec is not None else sys.argv[0]
 
@@ -40,10 +47,13 @@ def stop(message: str, status: int):
     """Ends the program with one line on stderr, "<program>: <message>" (also for a stop
     that is not an error: a preempted run, which the same command resumes), the last one
     the quiet console shows, and ends the process there: what the program writes is
-    written and flushed by then."""
+    written and flushed by then. (A program that `call` runs raises SystemExit(status)
+    instead: the process is its caller's.)"""
     console.hush()
     print(f"{program()}: {message}", file=sys.stderr, flush=True)
     sys.stdout.flush()
+    if _CALLED:
+        raise SystemExit(status)
     # What is left is the runtime's teardown: no news (a peer worker's departure, seen by
     # the coordination service), and now and then tens of seconds of it, which a cloud's
     # grace period would have to cover (docs/performance.md, "Start-up, resume and
@@ -56,27 +66,57 @@ def run(main: Callable[[List[str]], None]):
     or TF_CPP_MIN_LOG_LEVEL asks for them (trainer/console.py), a flag absl cannot parse
     reported as one line with status 2, and any extra positional argument refused."""
 
-    def parse(argv):
-        try:
-            return flags.FLAGS(argv)
-        except flags.Error as e:
-            fail(str(e))
-
     def checked_main(argv):
-        if len(argv) > 1:
-            fail(f"unexpected arguments {argv[1:]}")
+        _refuse_arguments(argv)
         if not console.verbose_requested(flags.FLAGS["verbosity"].present):
             console.quiet()
-        try:
-            main(argv)
-        except Exception as e:  # noqa: BLE001 (a full disk, whatever wrote; others re-raised)
-            path = no_space(e)
-            if path is None:
-                raise
-            fail(f"no space left on device writing {remove_unfinished(path)} (removed); the "
-                 "files written before it are intact", status=NO_SPACE_STATUS)
+        _main_or_full_disk(main, argv)
 
-    app.run(checked_main, flags_parser=parse)
+    app.run(checked_main, flags_parser=_parse)
+
+
+def call(main: Callable[[List[str]], None], argv: List[str]):
+    """Runs a program's `main` in this process as `run` runs it in a process of its own:
+    argv (argv[0] the program as `program` names it, e.g. "trainer.task") parsed into
+    absl's flags from their defaults, the same one-line errors and statuses, raised as
+    SystemExit(status) where `run` would end the process; SystemExit(0) when main returns.
+    The console stays as it is (no `console.quiet`): the process is the caller's. The
+    program's flags are the ones defined in this process, so one program's at a time
+    (two programs define some of the same names): the caller's to arrange."""
+    _CALLED.append(argv[0])
+    try:
+        flags.FLAGS.unparse_flags()
+        remaining = _parse(argv)
+        _refuse_arguments(remaining)
+        _main_or_full_disk(main, remaining)
+    finally:
+        _CALLED.pop()
+        sys.stdout.flush()
+    raise SystemExit(0)
+
+
+def _parse(argv: List[str]) -> List[str]:
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        fail(str(e))
+
+
+def _refuse_arguments(argv: List[str]):
+    if len(argv) > 1:
+        fail(f"unexpected arguments {argv[1:]}")
+
+
+def _main_or_full_disk(main: Callable[[List[str]], None], argv: List[str]):
+    """main(argv), with a full disk, whatever wrote, as one line and status 28."""
+    try:
+        main(argv)
+    except Exception as e:  # noqa: BLE001 (a full disk, whatever wrote; others re-raised)
+        path = no_space(e)
+        if path is None:
+            raise
+        fail(f"no space left on device writing {remove_unfinished(path)} (removed); the "
+             "files written before it are intact", status=NO_SPACE_STATUS)
 
 
 def no_space(error: BaseException) -> Optional[str]:

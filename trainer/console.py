@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import threading
+from typing import Iterable, Iterator
 
 # "I0000 00:00:1795358625.906897    2420 port.cc:153] ..." or "I1122 14:43:48.424800 ..."
 _LOG_LINE = re.compile(rb"^([IWEF])\d{4} [\d:.]+\s+\d+ \S+:\d+\] ")
@@ -71,16 +72,25 @@ def hush():
         _HUSHED.set()
 
 
-def _forward(read_end: int, out: int):
+def shown(lines: Iterable[bytes]) -> Iterator[bytes]:
+    """Of the lines the runtime writes to file descriptor 2 (each with its line end),
+    those `quiet` passes on: not the INFO lines, nor the start-up notices, nor the
+    continuation lines of either."""
     hiding = False  # continuation lines belong to the message before them
+    for line in lines:
+        match = _LOG_LINE.match(line)
+        if match or line.startswith(b"WARNING: All log messages"):
+            hiding = (match is not None and match.group(1) == b"I") or any(
+                notice in line for notice in _NOTICES)
+        if not hiding:
+            yield line
+
+
+def _forward(read_end: int, out: int):
     with open(read_end, "rb", buffering=0) as pipe:
-        for line in iter(_line_reader(pipe), b""):
-            match = _LOG_LINE.match(line)
-            if match or line.startswith(b"WARNING: All log messages"):
-                hiding = (match is not None and match.group(1) == b"I") or any(
-                    notice in line for notice in _NOTICES)
+        for line in shown(iter(_line_reader(pipe), b"")):
             with _WRITING:
-                if not hiding and not _HUSHED.is_set():
+                if not _HUSHED.is_set():
                     os.write(out, line)
 
 

@@ -1,0 +1,43 @@
+"""A program run in the tests' own process (trainer.cli.call, tests/programs.py) says and
+returns what it does in a process of its own (trainer.cli.run): the tests that check a
+program's messages that way check what a user sees."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, _env
+from programs import program
+from trainer.config import DataConfig
+
+
+@pytest.mark.parametrize("flags", [["--config=huge"], ["--no_such_flag=1"], ["extra"],
+                                   ["--max_len=128", "--batch_tokens=64"]],
+                         ids=["bad_value", "unknown_flag", "positional", "checked_config"])
+def test_a_program_in_this_process_says_what_it_says_in_its_own(flags, tmp_path):
+    """The same status and stdout, and the same stderr: one line, named after the
+    program (these stop before TensorFlow, so its start-up lines do not differ)."""
+    args = [*flags, f"--model_dir={tmp_path / 'run'}"]
+    own = subprocess.run([sys.executable, "-m", "trainer.task", *args], cwd=REPO, env=_env(),
+                         capture_output=True, text=True, timeout=60)
+    here = program("task", *args)
+    assert (here.returncode, here.stdout, here.stderr) == (own.returncode, own.stdout,
+                                                           own.stderr)
+    assert own.returncode == 2 and own.stderr.startswith("trainer.task: error: ")
+    assert len(own.stderr.splitlines()) == 1, own.stderr
+
+
+def test_flags_start_from_their_defaults_in_every_call(tmp_path):
+    """A flag given to one call is not left set for the next one: absl's FLAGS is the
+    process's, and the program's flags are parsed afresh. (A file as --model_dir: a run
+    that got past the flags' checks stops there, before any work.)"""
+    taken = tmp_path / "taken"
+    taken.write_text("not a model directory\n")
+    first = program("task", "--max_len=16", "--batch_tokens=8", f"--model_dir={taken}")
+    assert first.stderr.startswith(
+        "trainer.task: error: batch_tokens=8 is less than max_len=16:"), first.stderr
+    # max_len back at its default: 32 tokens are too few for it, as they were not for 16.
+    second = program("task", "--batch_tokens=32", f"--model_dir={taken}")
+    assert second.stderr.startswith("trainer.task: error: batch_tokens=32 is less than "
+                                    f"max_len={DataConfig.max_len}:"), second.stderr
