@@ -1,4 +1,7 @@
-"""python -m trainer.task as a user runs it: real subprocesses, real files, real kills."""
+"""python -m trainer.task as a user runs it: real files, real kills. A real subprocess where
+the claim is about the process (kill -9, a second trainer beside a live one, the flags
+checked before TensorFlow is imported); the program's main in this process
+(programs.program) where it is about what the program says, writes and returns."""
 
 import json
 import os
@@ -14,9 +17,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import MULTI30K, QUICK, REPO, latest_step, needs_multi30k
+from programs import program
 from trainer.model_dir import layout
 
-# Each test runs the programs in subprocesses, or uses the model they trained.
+# Each test runs the program (most of them train), in a subprocess or in this process.
 pytestmark = pytest.mark.slow
 
 
@@ -151,9 +155,9 @@ def test_a_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpo
     """With interval 4 the host reads every 4th update: the step named is still the
     first bad one, and no checkpoint is written after it."""
     model_dir = str(tmp_path / "run")
-    result = task(*QUICK, "--precision=float32", "--train_steps=200",
-                  f"--checkpoint_every={interval}", f"--log_every={interval}",
-                  "--learning_rate_scale=1e12", f"--model_dir={model_dir}")
+    result = program("task", *QUICK, "--precision=float32", "--train_steps=200",
+                     f"--checkpoint_every={interval}", f"--log_every={interval}",
+                     "--learning_rate_scale=1e12", f"--model_dir={model_dir}")
     assert result.returncode == 1
     message = result.stderr.strip().splitlines()[-1]
     assert "non-finite loss" in message and "at step" in message, message
@@ -221,7 +225,7 @@ NEEDS_FILES = needs_multi30k("val.en", "val.de", "test2016.en", "test2016.de")
 ])
 def test_bad_flags_give_a_one_line_error_before_any_work(tmp_path, flags, expected):
     model_dir = tmp_path / "run"
-    result = task(*flags, f"--model_dir={model_dir}", timeout=120)
+    result = program("task", *flags, f"--model_dir={model_dir}")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("trainer.task: error: "), result.stderr
@@ -243,7 +247,7 @@ def test_a_run_its_data_cannot_serve_stops_in_one_line_before_the_model_director
     taken = tmp_path / "taken"
     taken.write_text("not a model directory\n")
     for model_dir in (tmp_path / "new", taken):
-        result = task(*files, f"--model_dir={model_dir}", "--export_dir=none", timeout=300)
+        result = program("task", *files, f"--model_dir={model_dir}", "--export_dir=none")
         assert result.returncode == 2, result.stderr[-3000:]
         assert result.stderr.strip().splitlines() == [
             f"trainer.task: error: source and target line counts differ: "
@@ -254,8 +258,8 @@ def test_a_run_its_data_cannot_serve_stops_in_one_line_before_the_model_director
 
 def test_the_time_budget_stops_training_with_a_checkpoint_before_train_steps(tmp_path):
     model_dir = str(tmp_path / "run")
-    result = task(*QUICK, "--train_steps=100000", "--max_train_minutes=0.02",
-                  "--checkpoint_every=100000", f"--model_dir={model_dir}")
+    result = program("task", *QUICK, "--train_steps=100000", "--max_train_minutes=0.02",
+                     "--checkpoint_every=100000", f"--model_dir={model_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "time budget of 0.02 minutes spent at step" in result.stdout
     # --eval_every=0 (QUICK): not even the run's end validates.
