@@ -6,15 +6,14 @@ import json
 import os
 import shutil
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import _env, checkpoint_weights
+from conftest import checkpoint_weights
+from programs import program
 from trainer.conversion import marian
 from trainer.data import vocabulary
 from trainer.model_dir import averaging, layout
@@ -26,12 +25,11 @@ pytestmark = pytest.mark.slow
 def test_the_averaged_directory_holds_the_mean_as_a_model_directory(exported, tmp_path):
     model_dir = tmp_path / "run"
     shutil.copytree(exported.model_dir, model_dir)
-    # A reader takes no lock: a live trainer's (this test's own process) stops it not.
+    # A reader takes no lock: a live trainer's (this test's own process, where the
+    # program's main runs too) stops it not.
     live = {"host": socket.gethostname(), "pid": os.getpid(), "started": "now"}
     (model_dir / "trainer.lock").write_text(json.dumps(live))
-    averaged = subprocess.run([sys.executable, "-m", "trainer.average",
-                               f"--model_dir={model_dir}", "--last=2"], cwd=tmp_path,
-                              env=_env(), capture_output=True, text=True, timeout=600)
+    averaged = program("average", f"--model_dir={model_dir}", "--last=2", cwd=tmp_path)
     assert averaged.returncode == 0, averaged.stderr[-3000:]
     assert json.loads((model_dir / "trainer.lock").read_text()) == live
     assert averaged.stdout.strip() == (f"averaged 2 checkpoints (ckpt-15, ckpt-30) into "

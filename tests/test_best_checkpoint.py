@@ -1,17 +1,16 @@
 """--keep_best keeps the checkpoint of the best validation apart and --export_weights=best
 ships it; --early_stopping stops a run whose validation stopped improving, says why and
 exports; a resumed run keeps the best score and the patience count. The builtin corpus,
-the real program in subprocesses."""
+the real program (its main, in this process: programs.program)."""
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
 
-from conftest import QUICK, REPO, _env
+from conftest import QUICK
+from programs import program
 
 pytestmark = pytest.mark.slow
 
@@ -20,8 +19,7 @@ FLAGS = [*QUICK, "--eval_every=5", "--checkpoint_every=5", "--log_every=5"]
 
 
 def task(*flags):
-    return subprocess.run([sys.executable, "-m", "trainer.task", *FLAGS, *flags], cwd=REPO,
-                          env=_env(), capture_output=True, text=True, timeout=600)
+    return program("task", *FLAGS, *flags)
 
 
 def validations(stdout, metric):

@@ -1,26 +1,22 @@
 """How a model translates lives in its model directory: config.json's "decode", written by
 python -m trainer.task from its search flags (and by the converter from a checkpoint's
 generation settings, tests/test_marian.py), the default of every export, which a flag on
-the command line overrides. Real programs in subprocesses, real files."""
+the command line overrides. The real programs (their main, in this process:
+programs.program), real files."""
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
 
-from conftest import QUICK, REPO, _env, run
+from conftest import QUICK
+from programs import program, succeeded
 from keras_transformer import DecodeConfig
 
 pytestmark = pytest.mark.slow
 
 SEARCH_FLAGS = ["--beam_size=3", "--alpha=1.3", "--length_penalty=average"]
-
-
-def program(name, *flags):
-    return run([sys.executable, "-m", f"trainer.{name}", *flags], cwd=REPO, env=_env())
 
 
 def export_info(export_dir):
@@ -29,13 +25,13 @@ def export_info(export_dir):
 
 def test_a_run_stores_its_search_flags_which_the_export_uses_unless_a_flag_overrides(tmp_path):
     model_dir = tmp_path / "run"
-    program("task", *QUICK, "--train_steps=1", "--checkpoint_every=1", *SEARCH_FLAGS,
-            f"--model_dir={model_dir}")
+    succeeded(program("task", *QUICK, "--train_steps=1", "--checkpoint_every=1",
+                      *SEARCH_FLAGS, f"--model_dir={model_dir}"))
     stored = json.loads((model_dir / "config.json").read_text())["decode"]
     assert DecodeConfig.from_dict(stored) == DecodeConfig(beam_size=3, alpha=1.3,
                                                           length_penalty="average")
-    program("export", f"--model_dir={model_dir}", "--beam_size=2",
-            f"--export_dir={tmp_path / 'export'}")
+    succeeded(program("export", f"--model_dir={model_dir}", "--beam_size=2",
+                      f"--export_dir={tmp_path / 'export'}"))
     info = export_info(tmp_path / "export")
     # The flag given wins; the others come from the model directory, not the paper.
     assert (info["beam_size"], info["alpha"], info["length_penalty"]) == (2, 1.3, "average")
@@ -68,9 +64,8 @@ def test_damaged_settings_are_one_line_naming_config_json(exported, tmp_path):
     config = json.loads((model_dir / "config.json").read_text())
     config["decode"] = {"length_penalty": "shortest"}
     (model_dir / "config.json").write_text(json.dumps(config))
-    result = subprocess.run([sys.executable, "-m", "trainer.export", f"--model_dir={model_dir}",
-                             f"--export_dir={tmp_path / 'export'}"], cwd=REPO, env=_env(),
-                            capture_output=True, text=True, timeout=600)
+    result = program("export", f"--model_dir={model_dir}",
+                     f"--export_dir={tmp_path / 'export'}")
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "config.json is damaged" in lines[-1] and "shortest" in lines[-1], lines[-1]

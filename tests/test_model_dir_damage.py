@@ -1,28 +1,22 @@
 """A model directory and an export that a crash, a full disk or a changed command has left
-behind, as a user meets them: real files cut short, the real programs in subprocesses.
-Each case ends in one line that names the file or flag (exit 2), or in a run that goes
-on from what is intact with one line saying so."""
+behind, as a user meets them: real files cut short, the real programs (their main, in this
+process: programs.program). Each case ends in one line that names the file or flag (exit
+2), or in a run that goes on from what is intact with one line saying so."""
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, _env
+from conftest import REPO
+from programs import program
 
 pytestmark = pytest.mark.slow
 
 # The flags of conftest's `exported` run, which wrote checkpoints at steps 15 and 30.
 EXPORTED_RUN = ["--warmup_steps=30", "--eval_every=0", "--checkpoint_every=15",
                 "--log_every=5", "--export_dir=none"]
-
-
-def program(name, *flags, cwd):
-    return subprocess.run([sys.executable, "-m", f"trainer.{name}", *flags], cwd=cwd,
-                          env=_env(), capture_output=True, text=True, timeout=600)
 
 
 def cut_short(path):
