@@ -1,8 +1,9 @@
-"""python -m trainer.translate and python -m trainer.evaluate on the exported model, in
-subprocesses; the tokenized BLEU against the official Multi30k files."""
+"""python -m trainer.translate and python -m trainer.evaluate on the exported model; the
+tokenized BLEU against the official Multi30k files. In a subprocess where the console is
+the claim (TensorFlow's start-up lines hidden, or shown with --verbosity); the program's
+main in this process (programs.program) where it is what the program prints."""
 
 import re
-import subprocess
 import sys
 
 import pytest
@@ -10,8 +11,9 @@ import sacrebleu
 import tensorflow as tf
 
 from conftest import MULTI30K, needs_multi30k, run, sources
+from programs import program, succeeded
 
-# Each test runs the programs in subprocesses, or uses the model they trained.
+# Each test runs the programs, or uses the model they trained.
 pytestmark = pytest.mark.slow
 
 
@@ -53,10 +55,10 @@ def test_evaluate_cli_prints_sacrebleu_and_chrf_with_signatures_of_its_translati
     references = [builtin_corpus.german(n) for n in numbers]
     (tmp_path / "ref.txt").write_text("".join(r + "\n" for r in references))
     (tmp_path / "tok.txt").write_text("".join(r.lower() + "\n" for r in references))
-    result = run([sys.executable, "-m", "trainer.evaluate",
-                  f"--saved_model={exported.version_dir}", "--src=src.txt", "--ref=ref.txt",
-                  "--tok_ref=tok.txt", "--output=hyp.txt"], cwd=tmp_path)
-    printed = result.stdout.decode()
+    result = succeeded(program("evaluate", f"--saved_model={exported.version_dir}",
+                               "--src=src.txt", "--ref=ref.txt", "--tok_ref=tok.txt",
+                               "--output=hyp.txt", cwd=tmp_path))
+    printed = result.stdout
     hypotheses = (tmp_path / "hyp.txt").read_text().splitlines()
     assert len(hypotheses) == len(references)
     bleu = sacrebleu.corpus_bleu(hypotheses, [references])
@@ -94,12 +96,15 @@ def test_translate_cli_options_go_through_the_options_signatures(exported, loade
     prefixes = ["zwei", "", "", "drei", ""]
     (tmp_path / "prefixes.txt").write_text("\n".join(prefixes) + "\n")
     stdin = "\n".join(texts).encode() + b"\n"
-    command = [sys.executable, "-m", "trainer.translate", f"--saved_model={exported.export_dir}"]
-    beam = run(command + ["--beam_size=3", "--alpha=1.0", "--num_hypotheses=2",
-                          f"--prefix_file={tmp_path / 'prefixes.txt'}"], cwd=tmp_path,
-               input=stdin)
-    sampled = run(command + ["--temperature=1.5", "--sample_topk=20", "--sample_topp=0.9",
-                             "--seed=42", "--num_hypotheses=3"], cwd=tmp_path, input=stdin)
+
+    def translate(*flags):
+        return program("translate", f"--saved_model={exported.export_dir}", *flags,
+                       cwd=tmp_path, stdin=stdin)
+
+    beam = succeeded(translate("--beam_size=3", "--alpha=1.0", "--num_hypotheses=2",
+                               f"--prefix_file={tmp_path / 'prefixes.txt'}"))
+    sampled = succeeded(translate("--temperature=1.5", "--sample_topk=20", "--sample_topp=0.9",
+                                  "--seed=42", "--num_hypotheses=3"))
     inputs = {"inputs": tf.constant(texts), "target_prefix": tf.constant(prefixes)}
     expected_beam = loaded.signatures["translate_with_options"](
         **inputs, beam_size=tf.constant(3), alpha=tf.constant(1.0),
@@ -113,10 +118,9 @@ def test_translate_cli_options_go_through_the_options_signatures(exported, loade
         seed=tf.constant(42, tf.int64))
     # k lines per input line, best first.
     for result, expected in ((beam, expected_beam), (sampled, expected_samples)):
-        lines = result.stdout.decode("utf-8").split("\n")[:-1]
+        lines = result.stdout.split("\n")[:-1]
         assert lines == [t.decode() for t in expected["translations"].numpy().ravel()]
-    bad = subprocess.run(command + ["--beam_size=9"], cwd=tmp_path, input=stdin,
-                         capture_output=True)
-    assert bad.returncode == 2 and bad.stdout == b""
-    assert bad.stderr.decode().strip().splitlines()[-1] == \
+    bad = translate("--beam_size=9")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines()[-1] == \
         "trainer.translate: error: beam_size must be in [1, 8], got 9"

@@ -6,16 +6,13 @@ so a cell's colour says its weight to within 1/256. A blank, constant, transpose
 wrong-layer or wrong-head picture paints other colours.
 """
 
-import subprocess
-import sys
-
 import matplotlib
 import matplotlib.image
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run
+from programs import program, succeeded
 
 VIRIDIS = matplotlib.colormaps["viridis"]
 # The colour of each step, as Agg writes it to a PNG: int [256, 3].
@@ -86,16 +83,15 @@ def assert_pictures_tell_apart(weights):
                     f"layer {layer}, head {head} and layer {other_layer}, head {other_head}")
 
 
-@pytest.mark.slow  # runs the program in a subprocess on the model the tests trained
+@pytest.mark.slow  # runs the program on the model the tests trained
 def test_visualize_draws_every_layer_of_both_attentions_with_a_panel_per_head(exported,
                                                                              loaded,
                                                                              tmp_path):
     text = "three hundred and twenty-five"
-    result = run([sys.executable, "-m", "trainer.visualize",
-                  f"--saved_model={exported.version_dir}", f"--text={text}", "--out=maps"],
-                 cwd=tmp_path)
+    result = succeeded(program("visualize", f"--saved_model={exported.version_dir}",
+                               f"--text={text}", "--out=maps", cwd=tmp_path))
     expected = loaded.signatures["serving_default"](inputs=tf.constant([text]))
-    stdout = result.stdout.decode().splitlines()
+    stdout = result.stdout.splitlines()
     assert stdout[0] == "translation: " + expected["translations"][0].numpy().decode()
     names = sorted(p.name for p in (tmp_path / "maps").iterdir())
     assert names == sorted(f"{kind}_layer{i}.png" for i in (1, 2)
@@ -136,10 +132,8 @@ def test_heatmaps_paint_each_head_of_each_layer_its_own_weights(tmp_path):
             assert_draws(tmp_path / f"{kind}_layer{layer + 1}.png", layer_weights)
 
 
-@pytest.mark.slow  # runs the program in a subprocess
 def test_visualize_refuses_empty_text_with_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "trainer.visualize", "--saved_model=x",
-                             "--text=  ", f"--out={tmp_path}"], capture_output=True, timeout=60)
+    result = program("visualize", "--saved_model=x", "--text=  ", f"--out={tmp_path}")
     assert result.returncode == 2
-    assert result.stderr.decode().strip() == ("trainer.visualize: error: --text is empty: "
-                                              "nothing to translate")
+    assert result.stderr.strip() == ("trainer.visualize: error: --text is empty: "
+                                     "nothing to translate")

@@ -15,9 +15,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, checkpoint_weights, exported_weights, run, sources
+from conftest import REPO, built_once, checkpoint_weights, exported_weights, run, sources
+from programs import program, succeeded
 
-# Each test runs the programs in subprocesses, or uses the model they trained.
+# Each test runs the programs, or uses the model they trained. A Python of its own where
+# the claim is about one: a consumer with only tensorflow and tensorflow_text, TF
+# Serving's session loader, the serving page's saved_model_cli command.
 pytestmark = pytest.mark.slow
 
 SIGNATURES = {
@@ -103,12 +106,17 @@ def _not_core(op_types):
 @pytest.fixture(scope="module")
 def int8_export(exported, tmp_path_factory):
     """(version directory, loaded) of the session's model exported with
-    serving_dtype="int8" (trainer.export --serving_dtype=int8)."""
+    serving_dtype="int8" (trainer.export --serving_dtype=int8), exported once per test
+    run for every worker."""
     import tensorflow_text  # noqa: F401
     from trainer.serving import saved_model
-    path = saved_model.export(str(exported.model_dir), str(tmp_path_factory.mktemp("int8")),
-                              saved_model.Options(serving_dtype="int8"))
-    return Path(path), tf.saved_model.load(path)
+
+    def export(directory):
+        saved_model.export(str(exported.model_dir), str(directory),
+                           saved_model.Options(serving_dtype="int8"))
+
+    version = built_once(tmp_path_factory, "int8_export", export, exported.model_dir) / "1"
+    return version, tf.saved_model.load(str(version))
 
 
 def version_and_loaded(request, which):
@@ -345,8 +353,8 @@ def test_saved_model_cli_runs_the_serving_pages_translate_with_options_request(
 
 def test_export_cli_averages_into_the_next_version_that_appears_only_complete(exported,
                                                                                tmp_path):
-    """While `python -m trainer.export --average_last=2` runs, every version directory that
-    is visible is complete: the export is staged and renamed. Its version is one more than
+    """While `python -m trainer.export --average_last=2` runs (its main, in this process: the
+    watcher is a thread beside it), every version directory that is visible is complete: the export is staged and renamed. Its version is one more than
     the highest there."""
     export_dir = tmp_path / "export"
     (export_dir / "7").mkdir(parents=True)  # an older version
@@ -369,13 +377,14 @@ def test_export_cli_averages_into_the_next_version_that_appears_only_complete(ex
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        result = run([sys.executable, "-m", "trainer.export", f"--model_dir={exported.model_dir}",
-                      f"--export_dir={export_dir}", "--average_last=2"], cwd=tmp_path)
+        result = program("export", f"--model_dir={exported.model_dir}",
+                         f"--export_dir={export_dir}", "--average_last=2", cwd=tmp_path)
     finally:
         done.set()
         watcher.join()
     assert not seen_incomplete
-    assert f"exported SavedModel to {export_dir / '8'}" in result.stdout.decode()
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"exported SavedModel to {export_dir / '8'}" in result.stdout
     assert sorted(os.listdir(export_dir)) == ["10.txt", "7", "8"]
     info = json.loads((export_dir / "8" / "assets.extra" / "export.json").read_text())
     assert [os.path.basename(p) for p in info["checkpoints"]] == ["ckpt-15", "ckpt-30"]
@@ -455,8 +464,8 @@ def test_a_saved_model_path_resolves_to_the_version_tf_serving_would_serve(tmp_p
 def test_a_bfloat16_export_keeps_bfloat16_weights_and_scores_close_to_float32(
         exported, loaded, tmp_path):
     export_dir = tmp_path / "bf16"
-    run([sys.executable, "-m", "trainer.export", f"--model_dir={exported.model_dir}",
-         f"--export_dir={export_dir}", "--serving_dtype=bfloat16"], cwd=tmp_path)
+    succeeded(program("export", f"--model_dir={exported.model_dir}",
+                      f"--export_dir={export_dir}", "--serving_dtype=bfloat16", cwd=tmp_path))
     version = export_dir / "1"
     info = json.loads((version / "assets.extra" / "export.json").read_text())
     assert info["serving_dtype"] == "bfloat16"
