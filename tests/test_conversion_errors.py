@@ -5,13 +5,11 @@ what is wrong, and no model directory: real copies of a fixture
 import importlib.util
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, _env
+from programs import program
 from trainer.conversion import ConversionError, marian
 
 FIXTURE = Path(__file__).parent / "fixtures" / "marian" / "shared_swish"
@@ -107,9 +105,7 @@ def test_a_pickled_checkpoint_is_read_only_by_torchs_weights_only_loader(checkpo
 @pytest.mark.slow
 def test_the_convert_program_says_it_in_one_line_and_exits_2(checkpoint, tmp_path):
     (checkpoint / "vocab.json").write_text("{")
-    result = subprocess.run([sys.executable, "-m", "trainer.convert", f"--input={checkpoint}",
-                             f"--model_dir={tmp_path / 'converted'}"], cwd=REPO, env=_env(),
-                            capture_output=True, text=True, timeout=600)
+    result = program("convert", f"--input={checkpoint}", f"--model_dir={tmp_path / 'converted'}")
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(

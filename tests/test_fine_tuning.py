@@ -12,7 +12,8 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from conftest import QUICK, REPO, _env, summaries
+from conftest import QUICK, REPO, _env, built_once, summaries
+from programs import program
 from keras_transformer import BOS_ID, PAD_ID, Transformer
 from trainer.conversion import marian
 from trainer.data import builtin_corpus
@@ -39,8 +40,8 @@ def corpus(directory, seed, size):
 
 
 def task(*flags):
-    return subprocess.run([sys.executable, "-m", "trainer.task", *flags], cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=600)
+    """trainer.task's main, in this process (programs.program)."""
+    return program("task", *flags)
 
 
 def test_a_fine_tuned_run_starts_at_its_models_loss_with_its_vocabulary(exported, tmp_path):
@@ -97,12 +98,10 @@ def readme_fine_tuning_row():
     return commands
 
 
-@pytest.fixture(scope="module")
-def fine_tuned(tmp_path_factory):
-    """The README's row run in a fresh directory: the committed Marian fixture in place of
-    opus-mt-en-de, builtin number pairs in place of the `...` files, and two updates.
-    Returns the directory the commands ran in."""
-    root = tmp_path_factory.mktemp("readme_row")
+def run_readme_row(root: Path):
+    """The README's row run in `root` as a user types it (subprocesses): the committed
+    Marian fixture in place of opus-mt-en-de, builtin number pairs in place of the `...`
+    files, and two updates; each program's stdout in root/<program>.out."""
     data = corpus(root / "data", seed=8, size=300)
     for command in readme_fine_tuning_row():
         args = command.split()
@@ -114,7 +113,14 @@ def fine_tuned(tmp_path_factory):
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, (command, result.stderr[-3000:])
         (root / f"{args[2]}.out").write_text(result.stdout)
-    return root
+
+
+@pytest.fixture(scope="module")
+def fine_tuned(tmp_path_factory):
+    """The directory the README's row ran in (`run_readme_row`), once per test run for
+    both tests that read it, whichever workers run them."""
+    return built_once(tmp_path_factory, "readme_fine_tuning_row", run_readme_row,
+                      readme_fine_tuning_row(), QUICK)
 
 
 def test_a_converted_opus_mt_model_fine_tunes_from_its_weights(fine_tuned):

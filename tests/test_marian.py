@@ -9,15 +9,14 @@ here)."""
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, _env, checkpoint_weights
+from conftest import checkpoint_weights
+from programs import program
 from keras_transformer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, DecodeConfig, TransformerStep,
                                beam_search, greedy_search)
 from trainer.conversion import marian
@@ -198,17 +197,14 @@ def test_the_checkpoints_generation_settings_become_the_model_directorys(tmp_pat
 @pytest.mark.slow
 def test_the_convert_program_writes_a_model_directory_the_translate_program_reads(tmp_path):
     model_dir = tmp_path / "opus-mt"
-    result = subprocess.run([sys.executable, "-m", "trainer.convert", "--from=marian",
-                             f"--input={FIXTURES / NAMES[0]}", f"--model_dir={model_dir}"],
-                            cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    result = program("convert", "--from=marian", f"--input={FIXTURES / NAMES[0]}",
+                     f"--model_dir={model_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith(f"converted {FIXTURES / NAMES[0]} into {model_dir}: ")
     assert sorted(p.name for p in model_dir.iterdir()) == sorted(
         ["checkpoint", "ckpt-0.data-00000-of-00001", "ckpt-0.index", "config.json",
          "spm_source.model", "spm_target.model", "vocabulary.json"])
-    again = subprocess.run([sys.executable, "-m", "trainer.convert",
-                            f"--input={FIXTURES / NAMES[0]}", f"--model_dir={model_dir}"],
-                           cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    again = program("convert", f"--input={FIXTURES / NAMES[0]}", f"--model_dir={model_dir}")
     assert again.returncode == 2
     assert again.stderr.strip().splitlines()[-1] == (
         f"trainer.convert: error: {model_dir} exists and is not empty: convert into a new "

@@ -9,15 +9,14 @@ never the project's requirement; CI installs it beside torch)."""
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import REPO, _env, run
+from conftest import built_once
+from programs import program, succeeded
 from keras_transformer import (BOS_ID, EOS_ID, PAD_ID, DecodeConfig, TransformerStep,
                                beam_search)
 from trainer.conversion import marian
@@ -66,34 +65,42 @@ def test_a_converted_model_exports_to_the_tensors_it_was_converted_from(name, tm
         assert ours[key] == theirs[key], key
 
 
+# A model with separate vocabularies, trained for 100 steps (24 s), whose translations end
+# by themselves at different lengths.
+SEPARATE = ["--train_steps=100", "--warmup_steps=50", "--eval_every=0", "--checkpoint_every=100",
+            "--log_every=100", "--separate_vocabularies", "--vocab_size=300", "--export_dir=none"]
+
+
+def train_separate(root: Path):
+    succeeded(program("task", *SEPARATE, f"--model_dir={root / 'model'}", cwd=root))
+
+
 @pytest.fixture(scope="module")
 def trained(exported, tmp_path_factory):
     """{"shared": the session's trained model directory (conftest's `exported`, 30 steps),
-    "separate": one with separate vocabularies, trained for 100 steps (24 s), whose
-    translations end by themselves at different lengths}."""
-    root = tmp_path_factory.mktemp("separate")
-    run([sys.executable, "-m", "trainer.task", "--train_steps=100", "--warmup_steps=50",
-         "--eval_every=0", "--checkpoint_every=100", "--log_every=100",
-         "--separate_vocabularies", "--vocab_size=300", f"--model_dir={root / 'model'}",
-         "--export_dir=none"], cwd=root, env=_env())
-    return {"shared": exported.model_dir, "separate": root / "model"}
+    "separate": SEPARATE's (trained once per test run, whichever workers read it)}."""
+    separate = built_once(tmp_path_factory, "separate_vocabularies", train_separate, SEPARATE)
+    return {"shared": exported.model_dir, "separate": separate / "model"}
+
+
+def export_marian(model_dir: Path, root: Path):
+    """trainer.export --format=marian of model_dir into root/marian, its stdout and stderr
+    in root/stdout.txt and root/stderr.txt."""
+    result = succeeded(program("export", "--format=marian", f"--model_dir={model_dir}",
+                               f"--export_dir={root / 'marian'}"))
+    (root / "stdout.txt").write_text(result.stdout)
+    (root / "stderr.txt").write_text(result.stderr)
 
 
 @pytest.fixture(scope="module")
 def marian_exports(trained, tmp_path_factory):
     """{kind: (the Marian checkpoint, stdout, stderr lines)} of `trainer.export
-    --format=marian` run as a user runs it on each trained model, once per kind."""
-    exports = {}
-
+    --format=marian` run on each trained model, once per kind and test run."""
     def export(kind):
-        if kind not in exports:
-            out = tmp_path_factory.mktemp(kind) / "marian"
-            result = run([sys.executable, "-m", "trainer.export", "--format=marian",
-                          f"--model_dir={trained[kind]}", f"--export_dir={out}"], cwd=REPO,
-                         env=_env())
-            exports[kind] = (out, result.stdout.decode(),
-                             result.stderr.decode().strip().splitlines())
-        return exports[kind]
+        root = built_once(tmp_path_factory, f"marian_{kind}",
+                          lambda root: export_marian(trained[kind], root), trained[kind])
+        return (root / "marian", (root / "stdout.txt").read_text(),
+                (root / "stderr.txt").read_text().strip().splitlines())
     return export
 
 
@@ -350,16 +357,10 @@ def test_a_model_marian_cannot_express_stops_the_export_naming_the_field(
     config = json.loads((model_dir / "config.json").read_text())
     config["model"][field] = value
     (model_dir / "config.json").write_text(json.dumps(config))
-    result = run_failing([sys.executable, "-m", "trainer.export", "--format=marian",
-                          f"--model_dir={model_dir}", f"--export_dir={tmp_path / 'out'}"])
+    result = program("export", "--format=marian", f"--model_dir={model_dir}",
+                     f"--export_dir={tmp_path / 'out'}")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"trainer.export: error: {model_dir}: {says}; Marian (MarianMTModel) cannot "
         "express it")
     assert not (tmp_path / "out").exists()
-
-
-def run_failing(args):
-    """A program expected to fail: its CompletedProcess, text."""
-    return subprocess.run(args, cwd=REPO, env=_env(), capture_output=True, text=True,
-                          timeout=600)
