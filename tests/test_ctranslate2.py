@@ -3,11 +3,13 @@ converted weights gives the SavedModel's translations."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO, _env, run, sources
+from conftest import REPO, _env, built_once, sources
+from programs import program, succeeded
 
 import ctranslate2  # in the test extra
 # One worker runs this file and test_quick_start (pytest-xdist --dist loadgroup): the main
@@ -18,19 +20,27 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("main_job")]
 SUPPRESS = [["<pad>"], ["<s>"]]
 
 
+def export_ct2(model_dir: Path, root: Path):
+    """trainer.export --format=ctranslate2 (float32) of model_dir into root/ct2, its
+    stdout and stderr in root/stdout.txt and root/stderr.txt."""
+    result = succeeded(program("export", f"--model_dir={model_dir}", "--format=ctranslate2",
+                               "--quantization=float32", f"--export_dir={root / 'ct2'}"))
+    (root / "stdout.txt").write_text(result.stdout)
+    (root / "stderr.txt").write_text(result.stderr)
+
+
 @pytest.fixture(scope="module")
 def trained(main_job, tmp_path_factory):
     """The README's main job's model (conftest.main_job: it translates the builtin corpus),
-    exported as a float32 CTranslate2 model by the real CLI: (model directory, its
-    SavedModel version, the CTranslate2 directory, the CLI's stderr)."""
+    exported as a float32 CTranslate2 model by the real program's main, once per test run:
+    (model directory, its SavedModel version, the CTranslate2 directory, the program's
+    stderr)."""
     model_dir = main_job.directory / "runs" / "tiny_builtin"
-    ct2_dir = tmp_path_factory.mktemp("ct2") / "ct2"
-    result = run([sys.executable, "-m", "trainer.export", f"--model_dir={model_dir}",
-                  "--format=ctranslate2", "--quantization=float32", f"--export_dir={ct2_dir}"],
-                 cwd=REPO, env=_env())
-    assert str(ct2_dir) in result.stdout.decode()
-    return (model_dir, main_job.directory / "saved_models" / "tiny_builtin" / "1", ct2_dir,
-            result.stderr.decode())
+    root = built_once(tmp_path_factory, "ct2_float32", lambda root: export_ct2(model_dir, root),
+                      model_dir)
+    assert str(root / "ct2") in (root / "stdout.txt").read_text()
+    return (model_dir, main_job.directory / "saved_models" / "tiny_builtin" / "1", root / "ct2",
+            (root / "stderr.txt").read_text())
 
 
 def test_the_export_says_how_to_search_as_the_model_directory_does(trained):

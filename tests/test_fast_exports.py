@@ -7,13 +7,15 @@ only tensorflow and tensorflow_text, and answer bad requests as it does."""
 import json
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import sentencepiece
 import tensorflow as tf
 
-from conftest import REPO, _env, run
+from conftest import built_once, run
+from programs import program, succeeded
 from keras_transformer import Transformer, TransformerConfig
 from keras_transformer.quantization import dense, quantize_kernel, quantize_step_weights
 from trainer.data import builtin_corpus
@@ -67,26 +69,32 @@ def _leaves(weights, path=()):
         yield path, weights
 
 
-@pytest.fixture(scope="module")
-def exports(main_job, tmp_path_factory):
-    """{"float32": the main job's SavedModel version, "int8": its int8 export, "shortlist":
-    its float32 export with a shortlist of the main job's training pairs}, by the real CLI."""
-    model_dir = main_job.directory / "runs" / "tiny_builtin"
-    scratch = tmp_path_factory.mktemp("fast_exports")
+def export_fast(model_dir: Path, scratch: Path):
+    """trainer.export of model_dir with --serving_dtype=int8 into scratch/int8, and with a
+    shortlist of the main job's training pairs into scratch/shortlist."""
     english, german = builtin_corpus.splits()["train"]  # what the main job trained on
     (scratch / "train.en").write_text("\n".join(english) + "\n")
     (scratch / "train.de").write_text("\n".join(german) + "\n")
-    found = {"float32": main_job.directory / "saved_models" / "tiny_builtin" / "1"}
     for name, flags in (("int8", ["--serving_dtype=int8"]),
                         ("shortlist", [f"--shortlist={scratch / 'train.en'},"
                                        f"{scratch / 'train.de'}", "--shortlist_frequent=50",
                                        f"--shortlist_per_source={PER_SOURCE}"])):
         export_dir = scratch / name
-        result = run([sys.executable, "-m", "trainer.export", f"--model_dir={model_dir}",
-                      *flags, f"--export_dir={export_dir}"], cwd=REPO, env=_env())
-        assert f"exported SavedModel to {export_dir / '1'}" in result.stdout.decode()
-        found[name] = export_dir / "1"
-    return found
+        result = succeeded(program("export", f"--model_dir={model_dir}", *flags,
+                                   f"--export_dir={export_dir}"))
+        assert f"exported SavedModel to {export_dir / '1'}" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def exports(main_job, tmp_path_factory):
+    """{"float32": the main job's SavedModel version, "int8": its int8 export, "shortlist":
+    its float32 export with a shortlist of the main job's training pairs}, by the real
+    program's main, once per test run."""
+    model_dir = main_job.directory / "runs" / "tiny_builtin"
+    scratch = built_once(tmp_path_factory, "fast_exports",
+                         lambda scratch: export_fast(model_dir, scratch), model_dir, PER_SOURCE)
+    return {"float32": main_job.directory / "saved_models" / "tiny_builtin" / "1",
+            "int8": scratch / "int8" / "1", "shortlist": scratch / "shortlist" / "1"}
 
 
 PER_SOURCE = 20
