@@ -275,7 +275,8 @@ def decode(search, model, source_ids, **settings):
     if key not in _TRACED:
         options = {name: settings.pop(name) for name in _STEP_OPTIONS if name in settings}
         arguments = {name: settings.pop(name) for name in SEARCH_ARGUMENTS if name in settings}
-        config = DecodeConfig(**settings)
+        # The exact rule, whatever the library's default: the reference searches are it.
+        config = DecodeConfig(**{"stopping": "exact", **settings})
         _TRACED[key] = tf.function(
             lambda ids: search(TransformerStep(model, ids, **options), config, **arguments),
             input_signature=ANY_IDS)

@@ -260,7 +260,7 @@ def test_fixed_shapes_compile_with_xla_and_give_the_searchs_results(copy_model, 
     sentences of different lengths finish at different steps, and each keeps the n-best
     it had when it finished."""
     sources = copy_batch(np.random.default_rng(5), batch=8)
-    config = DecodeConfig(beam_size=4, alpha=0.6)
+    config = DecodeConfig(beam_size=4, alpha=0.6, stopping="exact")
     xla = tf.function(lambda ids: beam_search(TransformerStep(copy_model, ids, fixed_shapes=True),
                                               config, num_hypotheses),
                       jit_compile=True, input_signature=ANY_IDS)

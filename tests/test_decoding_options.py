@@ -30,7 +30,7 @@ def decode_with_prefix(search, model, source_ids, prefix_rows, **kwargs):
     """`search` with target_prefix=padded(prefix_rows), in a tf.function with unknown
     batch and lengths (as `decode`)."""
     options = {name: kwargs.pop(name) for name in SEARCH_ARGUMENTS if name in kwargs}
-    config = DecodeConfig(**kwargs)
+    config = DecodeConfig(**{"stopping": "exact", **kwargs})
     function = tf.function(
         lambda ids, prefix: search(TransformerStep(model, ids, target_prefix=prefix), config,
                                    **options),
@@ -43,7 +43,8 @@ def test_one_trace_takes_the_settings_as_tensors_and_gives_what_python_settings_
     function = tf.function(
         lambda ids, beam, alpha, extra, n: beam_search(
             TransformerStep(copy_model, ids),
-            DecodeConfig(beam_size=beam, alpha=alpha, max_extra_length=extra), n),
+            DecodeConfig(beam_size=beam, alpha=alpha, max_extra_length=extra, stopping="exact"),
+            n),
         input_signature=ANY_IDS + SETTINGS)
     for beam, alpha, extra, n in [(1, 0.0, 50, 1), (4, 0.6, 50, 4), (3, 1.0, 2, 2)]:
         got = function(copy_sources, beam, alpha, extra, n)

@@ -72,6 +72,7 @@ def beams(step, max_lengths, target_prefix=None, fixed_shapes=False, num_hypothe
     """beam_search over one sentence per max_lengths entry with the DecodeConfig of
     `settings`, as numpy."""
     step = step.for_sentences(max_lengths, target_prefix, fixed_shapes)
+    settings.setdefault("stopping", "exact")  # the rule the reference searches are
     result = beam_search(step, DecodeConfig(max_extra_length=0, **settings), num_hypotheses)
     return tf.nest.map_structure(lambda t: t.numpy(), result)
 
