@@ -6,7 +6,7 @@ Intel Neural Compressor's graphs run) with the dequantization fused.
 Only the step's matmuls change (keras_transformer.step, `dense`): the encoder, the
 attentions' products, the layer norms, the softmax and the search stay in float32. The
 largest error a matmul adds is about 1% of its output's largest magnitude
-(bench/sweeps/int8_matmul.py).
+(bench/sweeps/int8_matmul.py; with 7-bit weights, up to 2%: see _WEIGHT_RANGE).
 """
 
 from typing import NamedTuple
@@ -14,8 +14,14 @@ from typing import NamedTuple
 import tensorflow as tf
 from tensorflow.python.framework import op_def_library
 
-# The int8 range a value is rounded into: symmetric, so that 0 is exact and -x is -q.
+# The int8 range an input row is rounded into: symmetric, so that 0 is exact and -x is -q.
 _RANGE = 127.0
+# The range a weight is rounded into: 7 bits. On CPUs without VNNI (AVX2, and AVX-512
+# before Cascade Lake) oneDNN multiplies int8 by vpmaddubsw: the input shifted to uint8
+# (+128), and each pair of products summed in int16, which saturates above 32,767; with
+# weights within +-63, 255 x 63 x 2 = 32,130 cannot. With +-127 weights a matmul there was
+# off by up to 20% of its output's range (an AVX2-only AMD EPYC), against about 1% here.
+_WEIGHT_RANGE = 63.0
 
 
 class Int8Kernel(NamedTuple):
@@ -28,19 +34,20 @@ class Int8Kernel(NamedTuple):
 
 def quantize_kernel(kernel) -> Int8Kernel:
     """Int8Kernel of a float kernel [in, out], a scale per output column (its largest
-    magnitude / 127, rounded to nearest).
+    magnitude / 63, rounded to nearest: see _WEIGHT_RANGE).
 
     Example:
 
     >>> import numpy as np
     >>> kernel = np.array([[0.5, -2.0], [-1.0, 1.0]], np.float32)
     >>> q = quantize_kernel(kernel)
-    >>> q.values.numpy().tolist(), np.round(q.scales.numpy() * 127, 4).tolist()
-    ([[64, -127], [-127, 64]], [1.0, 2.0])
+    >>> q.values.numpy().tolist(), np.round(q.scales.numpy() * 63, 4).tolist()
+    ([[31, -63], [-63, 31]], [1.0, 2.0])
     """
     kernel = tf.cast(kernel, tf.float32)
-    scales = tf.maximum(tf.reduce_max(tf.abs(kernel), axis=0), 1e-30) / _RANGE
-    values = tf.cast(tf.clip_by_value(tf.round(kernel / scales), -_RANGE, _RANGE), tf.int8)
+    scales = tf.maximum(tf.reduce_max(tf.abs(kernel), axis=0), 1e-30) / _WEIGHT_RANGE
+    values = tf.cast(tf.clip_by_value(tf.round(kernel / scales), -_WEIGHT_RANGE,
+                                      _WEIGHT_RANGE), tf.int8)
     return Int8Kernel(values, scales)
 
 
