@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, _env, built_once, sources
+from conftest import REPO, _env, built_once, decode, sources
 from programs import program, succeeded
 
 import ctranslate2  # in the test extra
@@ -136,18 +136,18 @@ def test_pre_norm_learned_positions_and_separate_vocabularies_convert(tmp_path):
     pieces = tokenizers.source.tokenize(tf.constant(texts))[:, :config.max_length - 1]
     eos = tf.fill([len(texts), 1], 3)
     source_ids = tf.concat([pieces, tf.RaggedTensor.from_tensor(eos)], 1).to_tensor()
-    result = greedy_search(model, source_ids, alpha=0.0)
+    result = decode(greedy_search, model, source_ids, alpha=0.0)
     translator = ctranslate2.Translator(out, device="cpu", intra_threads=2)
     import sentencepiece as spm
     target = spm.SentencePieceProcessor(model_proto=tokenizers.target.model_proto)
     source = spm.SentencePieceProcessor(model_proto=tokenizers.source.model_proto)
-    lengths = result.lengths[:, 0].numpy()
+    lengths = result.lengths[:, 0]
     for i, text in enumerate(texts):
         tokens = [source.id_to_piece(int(t)) for t in pieces[i].numpy()]
         theirs = translator.translate_batch(
             [tokens], beam_size=1, max_decoding_length=int(lengths[i]) - 1,
             min_decoding_length=0, suppress_sequences=SUPPRESS)[0].hypotheses[0]
-        ours = [target.id_to_piece(int(t)) for t in result.ids[i, 0, :lengths[i]].numpy()]
+        ours = [target.id_to_piece(int(t)) for t in result.ids[i, 0, :lengths[i]]]
         assert ours[:len(theirs)] == theirs and len(ours) - len(theirs) <= 1
 
 

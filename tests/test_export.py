@@ -46,7 +46,8 @@ SIGNATURES = {
     "translate_with_options": (
         {"inputs": (tf.string, [None]), "target_prefix": (tf.string, [None]),
          "beam_size": (tf.int32, []), "alpha": (tf.float32, []),
-         "max_extra_length": (tf.int32, []), "num_hypotheses": (tf.int32, [])},
+         "max_extra_length": (tf.int32, []), "num_hypotheses": (tf.int32, []),
+         "stopping": (tf.string, []), "patience": (tf.float32, [])},
         {"translations": (tf.string, [None, None]), "scores": (tf.float32, [None, None]),
          "log_probs": (tf.float32, [None, None])}),
     "sample": (
@@ -173,9 +174,9 @@ request = json.loads(sys.stdin.read())
 texts = request["texts"]
 
 
-def scalars(options):  # the signatures' dtypes: seed int64, floats float32, the rest int32
-    return {k: tf.constant(v, tf.int64 if k == "seed" else
-                           tf.float32 if isinstance(v, float) else tf.int32)
+def scalars(options):  # the signatures' dtypes: seed int64, floats float32, strings, int32
+    return {k: tf.constant(v, tf.int64 if k == "seed" else tf.float32 if isinstance(v, float)
+                           else tf.string if isinstance(v, str) else tf.int32)
             for k, v in options.items()}
 
 
@@ -209,7 +210,8 @@ print(json.dumps({name: {key: plain(value) for key, value in out.items()}
 """
 # What the consumer passes the options signatures (the same seed as in this process).
 OPTIONS = {"translate_with_options": {"beam_size": 2, "alpha": 1.0, "max_extra_length": 10,
-                                      "num_hypotheses": 2},
+                                      "num_hypotheses": 2, "stopping": "first",
+                                      "patience": 1.5},
            "sample": {"num_hypotheses": 3, "max_extra_length": 50, "temperature": 1.5,
                       "top_k": 0, "top_p": 0.95, "seed": 1234}}
 
@@ -345,7 +347,9 @@ def test_saved_model_cli_runs_the_serving_pages_translate_with_options_request(
         beam_size=tf.constant(int(inputs["beam_size"])),
         alpha=tf.constant(float(inputs["alpha"])),
         max_extra_length=tf.constant(int(inputs["max_extra_length"])),
-        num_hypotheses=tf.constant(int(inputs["num_hypotheses"])))
+        num_hypotheses=tf.constant(int(inputs["num_hypotheses"])),
+        stopping=tf.constant(ast.literal_eval(inputs["stopping"])),
+        patience=tf.constant(float(inputs["patience"])))
     for key, value in expected.items():
         np.testing.assert_array_equal(np.load(tmp_path / f"{key}.npy", allow_pickle=True),
                                       value.numpy())
