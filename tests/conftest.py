@@ -382,9 +382,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+# Fixtures that train, export or trace a search: a test that reads one is slow (it is left
+# out of the fast loop, -m "not slow", whatever its own marks say).
+SLOW_FIXTURES = {"exported", "loaded", "translator", "sentencepiece", "main_job", "copy_model",
+                 "data"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """The files that train a model of their own (an xdist_group, each on one worker) take
-    the longest: they start first, so that the short tests fill in beside them instead of
-    leaving a worker idle while the last of them runs alone. (Starting every subprocess
-    test first as well was no faster: 19:13 against 16:57-17:40 in docs/runs.md.)"""
+    """A test that reads a fixture of SLOW_FIXTURES is marked slow. The files that train a
+    model of their own (an xdist_group, each on one worker) take the longest: they start
+    first, so that the short tests fill in beside them instead of leaving a worker idle
+    while the last of them runs alone. (Starting every subprocess test first as well was
+    no faster: 19:13 against 16:57-17:40 in docs/runs.md.)"""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)

@@ -113,6 +113,7 @@ def test_visualize_draws_every_layer_of_both_attentions_with_a_panel_per_head(ex
             assert_draws(tmp_path / "maps" / f"{kind}_layer{layer + 1}.png", layer_weights)
 
 
+@pytest.mark.slow
 def test_heatmaps_paint_each_head_of_each_layer_its_own_weights(tmp_path):
     from trainer.serving import attention_maps
     rng = np.random.default_rng(0)

@@ -92,6 +92,7 @@ def test_copy_model_copies_the_source(copy_sources, decoded):
     assert np.mean(np.all(result.ids[:, 0, :width] == copy_sources, axis=1)) >= 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("search", SEARCHES)
 def test_no_output_is_longer_than_its_input_plus_50(search):
     model = random_model(dataclasses.replace(CONFIG, max_length=128))
@@ -104,6 +105,7 @@ def test_no_output_is_longer_than_its_input_plus_50(search):
     np.testing.assert_array_equal(result.lengths.max(axis=1), limits[:, 0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("search", SEARCHES)
 def test_model_max_length_caps_the_output(search):
     model = random_model(dataclasses.replace(CONFIG, max_length=9))

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
     import json, sys
     import keras, numpy as np, tensorflow as tf
@@ -75,6 +77,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_replicas_all_reduce_once_and_apply_the_whole_batch_adam_step(tmp_path):
     result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "run")],
                             capture_output=True, text=True, timeout=600,

@@ -9,9 +9,12 @@ import pytest
 import keras_transformer
 
 MODULES = sorted(name for _, name, _ in pkgutil.iter_modules(keras_transformer.__path__))
+# Modules whose examples train or search for seconds: out of the fast loop.
+SLOW_EXAMPLES = {"losses", "sampling"}
 
 
-@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow)
+                                  if name in SLOW_EXAMPLES else name for name in MODULES])
 def test_docstring_examples_run_as_written(name):
     module = importlib.import_module(f"keras_transformer.{name}")
     failures, _ = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

@@ -65,6 +65,7 @@ def decoded_pairs(dataset, tokenizers):
     return pairs
 
 
+@pytest.mark.slow
 def test_no_batch_exceeds_the_token_budget(multi30k, tokenizers):
     config = DataConfig(max_len=64, batch_tokens=1000, seed=1)
     lengths = input_pipeline.bucket_lengths(config.max_len)
@@ -81,6 +82,7 @@ def test_no_batch_exceeds_the_token_budget(multi30k, tokenizers):
     assert 3 <= len(shapes) <= len(lengths)
 
 
+@pytest.mark.slow
 def test_every_pair_appears_exactly_once_per_epoch(multi30k, tokenizers):
     config = DataConfig(max_len=128, batch_tokens=2048, seed=7)
     expected = collections.Counter(text_pairs(multi30k, "train"))
@@ -99,6 +101,7 @@ def test_every_pair_appears_exactly_once_per_epoch(multi30k, tokenizers):
     assert first[:100] != second[:100]  # reshuffled each epoch
 
 
+@pytest.mark.slow
 def test_the_streams_saved_state_is_its_position_not_its_pairs(multi30k, tokenizers, tmp_path):
     """A checkpoint of the training stream costs the same for a corpus ten times larger,
     under 1 MB: each epoch's order is drawn from the seed and the epoch
@@ -118,6 +121,7 @@ def test_the_streams_saved_state_is_its_position_not_its_pairs(multi30k, tokeniz
     assert small < 1e6 and large < 1e6 and large < 2 * small, (small, large)
 
 
+@pytest.mark.slow
 def test_a_seed_fixes_the_training_stream(multi30k, tokenizers):
     def first_batches(seed):
         config = DataConfig(max_len=64, batch_tokens=1024, seed=seed)
@@ -129,6 +133,7 @@ def test_a_seed_fixes_the_training_stream(multi30k, tokenizers):
     assert any(a.shape != b.shape or (a != b).any() for a, b in zip(same, other))
 
 
+@pytest.mark.slow
 def test_subword_sampling_resegments_training_pairs_and_leaves_validation_alone(multi30k,
                                                                                  tokenizers):
     sampled = DataConfig(max_len=128, batch_tokens=2048, seed=7, subword_sampling=0.1)
@@ -176,6 +181,7 @@ def test_decoder_input_is_the_target_shifted_right(multi30k, tokenizers):
     assert tf.reduce_all(prefix == (source_ids != PAD_ID))
 
 
+@pytest.mark.slow
 def test_eval_is_one_deterministic_pass_over_every_pair(multi30k, tokenizers):
     config = DataConfig(max_len=256, batch_tokens=2048)
     first = decoded_pairs(input_pipeline.eval_dataset(multi30k.pairs("validation"), tokenizers,
@@ -216,6 +222,7 @@ def test_empty_lines_are_skipped_and_counted(tmp_path, tokenizers):
         ("A dog.", "Ein Hund."), ("A fish.", "Ein Fisch."), ("Two cats.", "Zwei Katzen.")]
 
 
+@pytest.mark.slow
 def test_build_reports_and_rejects_bad_input_before_training(tmp_path, multi30k):
     data = input_pipeline.build(multi30k, str(tmp_path / "model"),
                                 DataConfig(max_len=24, batch_tokens=512, vocab_size=1500))
@@ -247,6 +254,7 @@ def test_bucket_lengths_are_few_and_cover_max_len():
     assert input_pipeline.bucket_batch_sizes(256, 4096)[-1] == 16
 
 
+@pytest.mark.slow
 def test_input_pipelines_read_disjoint_shards(multi30k, tokenizers):
     config = DataConfig(max_len=128, batch_tokens=2048, seed=3)
     shards = []
@@ -260,6 +268,7 @@ def test_input_pipelines_read_disjoint_shards(multi30k, tokenizers):
     assert shards[0] + shards[1] == collections.Counter(text_pairs(multi30k, "train"))
 
 
+@pytest.mark.slow
 def test_tfds_translation_builder_with_mock_data(tmp_path):
     with tfds.testing.mock_data(num_examples=40):
         source = sources.select(DataConfig(dataset="tfds:wmt14_translate/de-en"))

@@ -86,6 +86,7 @@ def test_the_converted_model_has_the_references_teacher_forced_logits(converted)
     assert logits[..., PAD_ID].max() < -1000
 
 
+@pytest.mark.slow
 def test_greedy_and_beam_search_give_the_references_outputs(converted):
     """Beam 4 with alpha 0 (Hugging Face's length_penalty=0): both rank by log-prob, and
     finish hypotheses by generate()'s rule (the exact search's differ on the trained
@@ -102,6 +103,7 @@ def test_greedy_and_beam_search_give_the_references_outputs(converted):
         assert pieces == reference[name]["pieces"], name
 
 
+@pytest.mark.slow
 def test_the_model_directorys_search_gives_generates_outputs(converted):
     """The settings conversion stores (the checkpoint's generation_config.json: beam 4,
     Transformers' default length_penalty 1.0, max_length 48, generate()'s stopping rule)
@@ -124,6 +126,7 @@ def test_the_model_directorys_search_gives_generates_outputs(converted):
 # apart; the other models' searches are checked above, an export each costing 15-45 s.
 @pytest.mark.parametrize("converted", ["shared_swish", "separate_gelu", "deeper_decoder"],
                          indirect=True)
+@pytest.mark.slow
 def test_the_text_to_text_saved_model_gives_the_references_translations(converted, tmp_path):
     """The default export translates as generate() does by default; asked for them, its
     beam 4 and greedy searches at length penalty 0 give the references' too."""
@@ -145,6 +148,7 @@ def test_the_text_to_text_saved_model_gives_the_references_translations(converte
             converted.reference[name]["texts"], name
 
 
+@pytest.mark.slow
 def test_the_ctranslate2_export_gives_the_references_translations(converted, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
     from trainer.serving import ctranslate2 as ct2_export

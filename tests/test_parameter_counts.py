@@ -74,17 +74,20 @@ def counted(name):
     return COUNTS[name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(TABLE_3))
 def test_count_equals_the_closed_form_of_section_3(name):
     assert counted(name) == closed_form(TABLE_3[name][0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n, (_, p) in TABLE_3.items() if p is not None])
 def test_count_is_within_seven_percent_of_table_3(name):
     paper = TABLE_3[name][1] * 1e6
     assert abs(counted(name) - paper) / paper < 0.07
 
 
+@pytest.mark.slow
 def test_rows_A_keep_the_base_parameter_count():
     """Row A varies h with h * d_k = d_model fixed: same parameters, same computation."""
     for name in TABLE_3:
@@ -92,6 +95,7 @@ def test_rows_A_keep_the_base_parameter_count():
             assert counted(name) == counted("base")
 
 
+@pytest.mark.slow
 def test_gap_to_the_paper_is_one_embedding_size_for_every_d_model_512_row():
     """Only the vocabulary behind the paper's counts differs: removing our embedding from
     each count, the paper's figures imply the same embedding rows (to its 1M rounding)."""

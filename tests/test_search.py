@@ -275,6 +275,7 @@ def test_greedy_search_follows_the_likeliest_token_until_eos():
         assert ids[:len(expected)].tolist() == expected and not ids[len(expected):].any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixed_shapes", [False, True], ids=["growing", "fixed_shapes"])
 @pytest.mark.parametrize("patience", [1.0, 2.0])
 def test_the_first_stopping_rule_searches_as_ctranslate2_on_random_tables(fixed_shapes,

@@ -53,6 +53,7 @@ def test_model_from_config_rebuilds_the_same_architecture():
     kt.TransformerConfig.tiny(vocab_size=40, positional="learned", share_embeddings=False,
                               source_vocab_size=45),
 ], ids=["shared", "separate-learned"])
+@pytest.mark.slow
 def test_keras_file_round_trip_gives_identical_outputs(tmp_path, config):
     model = kt.Transformer(config)
     source, target = batch()

@@ -96,6 +96,7 @@ class MaskedStep(WrappedStep):
 SEARCH = DecodeConfig(beam_size=3, alpha=0.6, max_extra_length=6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
 def test_beam_search_over_the_candidates_is_the_masked_full_search(weights):
     model = tiny_model("bfloat16" if weights == "bfloat16" else "float32")
@@ -124,6 +125,7 @@ def test_beam_search_over_the_candidates_is_the_masked_full_search(weights):
     assert (ids == EOS_ID).sum(axis=-1).max() == 1  # every output ends once
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
 def test_each_call_ranks_its_own_batchs_candidates(weights, monkeypatch):
     """One traced search called on two batches whose candidates differ: the second call's

@@ -6,6 +6,7 @@ at each position correlating 0.43 with the next epoch's) fails these."""
 import collections
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from trainer.data import shuffling
@@ -20,6 +21,7 @@ def orders(size, seed, num_epochs):
     return np.array(indices).reshape(num_epochs, size)
 
 
+@pytest.mark.slow
 def test_epochs_and_neighbouring_seeds_read_in_uncorrelated_orders():
     size = 20_000
     bound = 4 / np.sqrt(size)  # independent permutations: about +-1 / sqrt(size)
@@ -35,6 +37,7 @@ def test_epochs_and_neighbouring_seeds_read_in_uncorrelated_orders():
         assert abs(np.corrcoef(np.argsort(a), np.argsort(b))[0, 1]) < bound, what
 
 
+@pytest.mark.slow
 def test_every_position_is_equally_likely_for_a_pair():
     size, epochs = 5, 4_000
     counts = np.zeros([size, size])  # [pair, position]

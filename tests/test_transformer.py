@@ -140,6 +140,7 @@ def test_config_validation_and_presets():
     assert TransformerConfig.big(dropout=0.1).dropout == 0.1  # big for en-fr (section 6.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoder_layers,decoder_layers", [(3, 1), (2, 3)])
 def test_encoder_and_decoder_depths_apart(encoder_layers, decoder_layers):
     """num_encoder_layers and num_decoder_layers build stacks of their own depths, and the

@@ -49,6 +49,7 @@ def first_batches(data, count=10):
     return [batch[1].numpy().tolist() for batch in data.train_dataset().take(count)]
 
 
+@pytest.mark.slow
 def test_each_corpus_is_sampled_in_its_weights_proportion(files, tmp_path):
     weighted = build(files, tmp_path / "weighted", train_weights=(0.7, 0.3))
     # 4000 draws: the standard deviation of the share is under 0.008.
@@ -63,6 +64,7 @@ def test_each_corpus_is_sampled_in_its_weights_proportion(files, tmp_path):
             and f"(weight 0.3): {LARGE} pairs read" in weighted.report), weighted.report
 
 
+@pytest.mark.slow
 def test_the_mixed_stream_is_fixed_by_the_seed(files, tmp_path):
     first = build(files, tmp_path / "a", train_weights=(1, 1), seed=5)
     again = build(files, tmp_path / "a", train_weights=(1, 1), seed=5)
