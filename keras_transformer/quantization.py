@@ -70,6 +70,8 @@ def dense(x, kernel, bias=None, constant=True):
     q = tf.quantization.quantize(x / top, -1.0, 1.0, tf.qint8, mode="SCALED",
                                  narrow_range=True)
     zeros = tf.zeros_like(kernel.scales)
+    # The op reads a kernel's range as qint8's full scale (127 x scale), whatever range
+    # quantize_kernel rounded it into.
     # The bias goes in after the rows are scaled back, so the kernel's bias is zero.
     _, _, op, _ = op_def_library._apply_op_helper(
         "_QuantizedMatMul", name="int8_matmul", device_inputs=[],
