@@ -3,7 +3,9 @@ as torch.nn.Transformer (`torch_transformer.py`), with this project's architectu
 training runner for each; and how bench/training.py and bench/decoding.py run them beside
 ours: our Trainer alone (`our_trainer.py`), ours and the peers training on one pool taking
 turns (`training_runners.py`), decoding in-process (`decoding_runners.py`) and our
-SavedModel and CTranslate2 each in a worker process (`decoding_workers.py`). A library;
+SavedModel and CTranslate2 each in a worker process (`decoding_workers.py`), and which of
+those processes the race against CTranslate2 runs and what tables they make
+(`ctranslate2_race.py`). A library;
 nothing here is run.
 
 What is matched: N=3, d_model 256, d_ff 1024, 4 heads (TransformerConfig.small), post-norm,
