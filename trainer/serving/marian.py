@@ -125,7 +125,8 @@ def notes(config: TransformerConfig, decode: DecodeConfig,
                      f"the model directory's gnmt penalty ((5 + length) / 6)^{decode.alpha:g}")
     if decode.stopping != "transformers":
         lines.append("generate() stops a sentence's beam search by its own guess "
-                     "(early_stopping=False), not only when no live beam can win")
+                     f"(early_stopping=False), not by the model directory's {decode.stopping} "
+                     "rule")
     if decode.max_length is None:
         lines.append(f"generate() limits outputs to max_length={config.max_length} positions, "
                      f"not to the input's length + {decode.max_extra_length}")
