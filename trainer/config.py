@@ -13,13 +13,6 @@ from typing import Dict, List, Optional, Tuple
 from keras_transformer.config import DecodeConfig
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
-
-# How a model trained here searches unless its run says otherwise: the paper's beam and length
-# penalty, and CTranslate2's and fairseq's stopping rule, a sentence done once beam_size
-# hypotheses have finished. On the Multi30k recipe's model it scored as high on val as the
-# exact rule at its best alpha, on 64% of its row-steps (docs/multi30k.md, "The search").
-# DecodeConfig() itself stays the exact search, the reference every search is tested against.
-TRAINED_DECODE = DecodeConfig(stopping="first")
 SUBWORD_MODELS = ("bpe", "unigram")
 
 
@@ -203,7 +196,7 @@ class RunConfig:
     checkpoint_every: int = 250
     keep_checkpoints: int = 5
     log_every: int = 10
-    decode: DecodeConfig = dataclasses.field(default_factory=lambda: TRAINED_DECODE)
+    decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
     bleu_sentences: int = 0
     bleu_tokenize: str = "13a"
     max_train_minutes: float = 0.0
