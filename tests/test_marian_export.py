@@ -282,9 +282,9 @@ def test_a_model_back_from_hugging_face_writes_byte_pieces_as_their_characters(
         suppress_sequences=[["<pad>"], ["<s>"]])
     # CTranslate2 stops by its own rule (the first beam_size finished), which may end a
     # sentence on another hypothesis than generate()'s rule: the same search on our side.
-    first = dataclasses.replace(decode, stopping="first")
-    same_rule, _ = saved_model.build_translator(str(back), saved_model.Options(decode=first))
-    ours = same_rule.translate(tf.constant(inputs))["translations"].numpy()
+    source_ids = translator.source_ids(tf.constant(inputs))
+    ours = translator.best(source_ids, translator.search(
+        source_ids, decode=dataclasses.replace(decode, stopping="first")))["translations"].numpy()
     theirs = [target_spm.decode(r.hypotheses[0]) for r in results]
     assert theirs == [text.decode("utf-8") for text in ours]
     assert not any("<0x" in text for text in theirs)
