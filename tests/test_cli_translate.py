@@ -11,8 +11,8 @@ import sacrebleu
 import tensorflow as tf
 
 from conftest import MULTI30K, needs_multi30k, run, sources
-from keras_transformer import DecodeConfig
 from programs import program, succeeded
+from trainer.config import TRAINED_DECODE
 
 # Each test runs the programs, or uses the model they trained.
 pytestmark = pytest.mark.slow
@@ -110,7 +110,8 @@ def test_translate_cli_options_go_through_the_options_signatures(exported, loade
     expected_beam = loaded.signatures["translate_with_options"](
         **inputs, beam_size=tf.constant(3), alpha=tf.constant(1.0),
         max_extra_length=tf.constant(50), num_hypotheses=tf.constant(2),
-        stopping=tf.constant(DecodeConfig.stopping), patience=tf.constant(DecodeConfig.patience))
+        stopping=tf.constant(TRAINED_DECODE.stopping),
+        patience=tf.constant(TRAINED_DECODE.patience))
     # The CLI batches by length: each input's samples are the same in any batch.
     expected_samples = loaded.signatures["sample"](
         inputs=inputs["inputs"], target_prefix=tf.constant([""] * len(texts)),

@@ -44,14 +44,17 @@ def trained(main_job, tmp_path_factory):
 
 
 def test_the_export_says_how_to_search_as_the_model_directory_does(trained):
-    """The main job stored the paper's search (gnmt, alpha 0.6), which CTranslate2 cannot
-    rank by: one line says so. An average penalty and CTranslate2's own stopping rule pass
+    """The main job stored trainer.task's search: the paper's gnmt penalty at alpha 0.6,
+    which CTranslate2 cannot rank by, and Hugging Face's stopping rule, which it cannot stop
+    by: one line says both. An average penalty and CTranslate2's own stopping rule pass
     through as request options."""
     from keras_transformer import DecodeConfig
+    from trainer.config import TRAINED_DECODE
     from trainer.serving.ctranslate2 import search_note
     lines = [line for line in trained[3].splitlines() if "CTranslate2" in line]
-    assert lines == [search_note(DecodeConfig())], trained[3][-2000:]
+    assert lines == [search_note(TRAINED_DECODE)], trained[3][-2000:]
     assert "gnmt" in lines[0] and "length_penalty=0.6" in lines[0]
+    assert "not by the model directory's transformers rule" in lines[0]
     assert search_note(DecodeConfig(beam_size=5, alpha=1.0, length_penalty="average",
                                     stopping="first", patience=2.0)) == (
         "CTranslate2 takes the search per request: translate_batch(..., beam_size=5, "
@@ -83,8 +86,10 @@ def test_ctranslate2_beam_search_agrees_with_the_saved_model(trained):
         inputs=tf.constant(texts))["translations"].numpy()]
     sp, theirs = _ct2_translate(ct2_dir, texts, 4, 0.6, 127)
     theirs = [sp.decode(pieces) for pieces in theirs]
-    # The length penalties differ (ours ((5 + len) / 6)^alpha, CTranslate2's len^alpha) and
-    # so do the maximum lengths (ours per sentence), so a few sentences may end differently.
+    # The stopping rules differ (ours Hugging Face's, CTranslate2's once 4 hypotheses have
+    # finished), so do the length penalties (ours ((5 + len) / 6)^alpha, CTranslate2's
+    # len^alpha) and the maximum lengths (ours per sentence): a few sentences may end
+    # differently.
     agree = np.mean([a == b for a, b in zip(ours, theirs)])
     assert agree >= 0.95, [(a, b) for a, b in zip(ours, theirs) if a != b][:5]
 

@@ -28,13 +28,17 @@ def test_a_run_stores_its_search_flags_which_the_export_uses_unless_a_flag_overr
     succeeded(program("task", *QUICK, "--train_steps=1", "--checkpoint_every=1",
                       *SEARCH_FLAGS, f"--model_dir={model_dir}"))
     stored = json.loads((model_dir / "config.json").read_text())["decode"]
+    # The flags given, and trainer.task's stopping rule (Hugging Face's), not the library's
+    # exact one.
     assert DecodeConfig.from_dict(stored) == DecodeConfig(beam_size=3, alpha=1.3,
-                                                          length_penalty="average")
+                                                          length_penalty="average",
+                                                          stopping="transformers")
     succeeded(program("export", f"--model_dir={model_dir}", "--beam_size=2",
                       f"--export_dir={tmp_path / 'export'}"))
     info = export_info(tmp_path / "export")
     # The flag given wins; the others come from the model directory, not the paper.
-    assert (info["beam_size"], info["alpha"], info["length_penalty"]) == (2, 1.3, "average")
+    assert (info["beam_size"], info["alpha"], info["length_penalty"], info["stopping"]) == (
+        2, 1.3, "average", "transformers")
 
 
 def test_a_model_directory_without_settings_translates_with_the_papers(exported, tmp_path):

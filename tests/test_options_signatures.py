@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import sources
-from keras_transformer import DecodeConfig
+from trainer.config import TRAINED_DECODE
 
 # Each test uses the model the session's `python -m trainer.task` trained and exported.
 pytestmark = pytest.mark.slow
@@ -15,9 +15,12 @@ pytestmark = pytest.mark.slow
 MAX_LENGTH = 128  # the tiny preset's positions: outputs have at most 127 tokens
 
 
-def with_options(loaded, texts, prefixes=None, beam_size=4, alpha=0.6, max_extra_length=50,
-                 num_hypotheses=1, stopping=DecodeConfig.stopping,
-                 patience=DecodeConfig.patience):
+def with_options(loaded, texts, prefixes=None, beam_size=TRAINED_DECODE.beam_size,
+                 alpha=TRAINED_DECODE.alpha, max_extra_length=TRAINED_DECODE.max_extra_length,
+                 num_hypotheses=1, stopping=TRAINED_DECODE.stopping,
+                 patience=TRAINED_DECODE.patience):
+    """The signature's answer; the options a client leaves out are the main job's search
+    (trainer.task's defaults, which its export's serving_default runs)."""
     prefixes = [""] * len(texts) if prefixes is None else prefixes
     return loaded.signatures["translate_with_options"](
         inputs=tf.constant(texts, tf.string), target_prefix=tf.constant(prefixes, tf.string),

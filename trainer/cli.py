@@ -160,9 +160,10 @@ def config_from_flags(cls, **given):
     the other fields at their defaults: where a program's flags become a config."""
     values = {}
     for field in dataclasses.fields(cls):
-        factory = field.default_factory
-        if isinstance(factory, type) and dataclasses.is_dataclass(factory):
-            values[field.name] = config_from_flags(factory)
+        default = (field.default_factory() if field.default_factory is not dataclasses.MISSING
+                   else field.default)
+        if dataclasses.is_dataclass(default):
+            values[field.name] = config_from_flags(type(default))
         elif field.name in flags.FLAGS:
             values[field.name] = flags.FLAGS[field.name].value
     return cls(**{**values, **given})

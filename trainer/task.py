@@ -19,7 +19,7 @@ from absl import flags
 from keras_transformer.config import (LENGTH_PENALTIES, PRESETS, STOPPING_RULES, DecodeConfig,
                                       TransformerConfig)
 from trainer import cli
-from trainer.config import (PRECISIONS, SUBWORD_MODELS, DataConfig, RunConfig,
+from trainer.config import (PRECISIONS, SUBWORD_MODELS, TRAINED_DECODE, DataConfig, RunConfig,
                             default_run_name, file_list)
 
 FLAGS = flags.FLAGS
@@ -94,20 +94,20 @@ flags.DEFINE_integer("keep_checkpoints", RunConfig.keep_checkpoints, "Checkpoint
                      "them with python -m trainer.average).")
 flags.DEFINE_integer("log_every", RunConfig.log_every, "Progress and TensorBoard summaries every "
                      "N updates.")
-flags.DEFINE_integer("beam_size", DecodeConfig.beam_size, "Beam size for validation BLEU and the "
+flags.DEFINE_integer("beam_size", TRAINED_DECODE.beam_size, "Beam size for validation BLEU and the "
                      "export; stored in the model directory, as are --alpha, "
                      "--length_penalty, --stopping and --patience: python -m "
                      "trainer.export's defaults.")
-flags.DEFINE_float("alpha", DecodeConfig.alpha, "Length penalty exponent for validation BLEU and "
+flags.DEFINE_float("alpha", TRAINED_DECODE.alpha, "Length penalty exponent for validation BLEU and "
                    "the export.")
-flags.DEFINE_enum("length_penalty", DecodeConfig.length_penalty, LENGTH_PENALTIES, "The length "
+flags.DEFINE_enum("length_penalty", TRAINED_DECODE.length_penalty, LENGTH_PENALTIES, "The length "
                   "penalty's form: gnmt, the paper's ((5 + length) / 6)^alpha, or average, "
                   "length^alpha (Hugging Face, Marian, CTranslate2).")
-flags.DEFINE_enum("stopping", DecodeConfig.stopping, STOPPING_RULES, "When a sentence's beam "
+flags.DEFINE_enum("stopping", TRAINED_DECODE.stopping, STOPPING_RULES, "When a sentence's beam "
                   "search is done: exact, once no live beam can still enter its n-best; "
                   "transformers, as Hugging Face's generate() guesses; first, once --patience "
                   "x beam size hypotheses have finished (CTranslate2's and fairseq's rule).")
-flags.DEFINE_float("patience", DecodeConfig.patience, "With --stopping=first, the finished "
+flags.DEFINE_float("patience", TRAINED_DECODE.patience, "With --stopping=first, the finished "
                    "hypotheses a sentence waits for, as a multiple of the beam size.")
 flags.DEFINE_integer("bleu_sentences", RunConfig.bleu_sentences, "Validation sentences "
                      "translated for BLEU (0: all).")
