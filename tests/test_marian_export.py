@@ -128,10 +128,12 @@ def test_a_trained_model_exported_and_converted_back_computes_its_logits(
     assert stdout.strip() == f"exported Hugging Face Marian checkpoint to {out}"
     assert sorted(p.name for p in out.iterdir()) == sorted(
         FILES + ([] if kind == "shared" else ["target_vocab.json"]))
-    # The settings generate() takes otherwise than the model directory, a line each.
-    assert [line.split(" ")[0] for line in notes[-4:]] == \
-        ["Marian's", "generate()", "generate()", "generate()"]
-    assert "gnmt penalty ((5 + length) / 6)^0.6" in notes[-3]
+    # The settings generate() takes otherwise than the model directory, a line each: the
+    # penalty and the output limit, not the stopping rule (trainer.task's is generate()'s).
+    assert [line.split(" ")[0] for line in notes[-3:]] == \
+        ["Marian's", "generate()", "generate()"]
+    assert "gnmt penalty ((5 + length) / 6)^0.6" in notes[-2]
+    assert not any("stops a sentence" in line for line in notes)
     marian.convert(str(out), str(tmp_path / "back"))
     model, back = (layout.restore_model(str(d)) for d in (trained[kind], tmp_path / "back"))
     assert back.config.sinusoid_layout == "concatenated" != model.config.sinusoid_layout
