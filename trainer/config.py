@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Tuple
 from keras_transformer.config import DecodeConfig
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+SUBWORD_MODELS = ("bpe", "unigram")
 
 # How a model trained here searches unless its run says otherwise: the paper's beam and length
 # penalty, and Hugging Face's stopping rule, a sentence done once its best live beam, scored at
@@ -22,7 +23,6 @@ PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 # `first`, the recipe's, lost 4 of those 1,000 (docs/multi30k.md, "The search").
 # DecodeConfig() itself stays the exact search, the reference every search is tested against.
 TRAINED_DECODE = DecodeConfig(stopping="transformers")
-SUBWORD_MODELS = ("bpe", "unigram")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +205,7 @@ class RunConfig:
     checkpoint_every: int = 250
     keep_checkpoints: int = 5
     log_every: int = 10
-    decode: DecodeConfig = dataclasses.field(default_factory=lambda: TRAINED_DECODE)
+    decode: DecodeConfig = TRAINED_DECODE
     bleu_sentences: int = 0
     bleu_tokenize: str = "13a"
     max_train_minutes: float = 0.0

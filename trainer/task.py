@@ -16,7 +16,7 @@ import os
 
 from absl import flags
 
-from keras_transformer.config import (LENGTH_PENALTIES, PRESETS, STOPPING_RULES, DecodeConfig,
+from keras_transformer.config import (LENGTH_PENALTIES, PRESETS, STOPPING_RULES,
                                       TransformerConfig)
 from trainer import cli
 from trainer.config import (PRECISIONS, SUBWORD_MODELS, TRAINED_DECODE, DataConfig, RunConfig,
