@@ -110,7 +110,7 @@ def main():
                         help="pieces in every output before EOS (15: test2016's mean)")
     args = parser.parse_args()
     import torch
-    from transformers import MarianConfig, MarianMTModel
+    from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
     os.makedirs(args.out, exist_ok=True)
     vocab = {"</s>": 0, "<unk>": 1}
@@ -136,6 +136,12 @@ def main():
     torch.manual_seed(args.seed)
     model = MarianMTModel(config).eval()
     end_outputs(model, args.output_length)
+    # opus-mt-en-de's search, which trainer.convert reads and stores (without it the
+    # converted model would search as Transformers' defaults do: beam 1, 20 positions).
+    model.generation_config = GenerationConfig(
+        num_beams=4, max_length=512, bad_words_ids=[[VOCAB_SIZE - 1]], bos_token_id=0,
+        eos_token_id=0, forced_eos_token_id=0, pad_token_id=VOCAB_SIZE - 1,
+        decoder_start_token_id=VOCAB_SIZE - 1)
     model.save_pretrained(args.out, safe_serialization=True)
     print(f"wrote {args.out}: {VOCAB_SIZE} ids, "
           f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
