@@ -61,10 +61,11 @@ def without_pad(step):
     which has no PAD id, normalizes."""
     import tensorflow as tf
     from keras_transformer import PAD_ID
-    from keras_transformer.search import WrappedStep
+    from keras_transformer.search import WrappedStep, as_log_probs
 
     class WithoutPad(WrappedStep):
         def log_probs(self, log_probs, seqs, i):
+            log_probs = as_log_probs(log_probs)
             pad = log_probs[:, PAD_ID:PAD_ID + 1]
             log_probs = log_probs - tf.math.log1p(-tf.exp(pad))
             is_pad = tf.range(tf.shape(log_probs)[1]) == PAD_ID

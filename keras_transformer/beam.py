@@ -29,8 +29,8 @@ import tensorflow as tf
 from keras_transformer import stopping
 from keras_transformer.config import DecodeConfig
 from keras_transformer.ranking import top_k
-from keras_transformer.search import (DecodeResult, TokenRules, first_tokens, growing_shapes,
-                                      write_tokens)
+from keras_transformer.search import (DecodeResult, LogProbs, TokenRules, as_log_probs,
+                                      first_tokens, growing_shapes, write_tokens)
 from keras_transformer.search import length_penalty as lp
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 
@@ -243,9 +243,11 @@ def _beam_step(search, i, sentences, beams, finished, state):
     n = tf.shape(sentences)[0]  # beam rows each
     beam_size = search.beam_size
     flat_seqs = tf.reshape(beams.seqs, tf.stack([n * beam_size, search.width + 1]))
-    token_log_probs, state = search.step(flat_seqs, i, state)  # [n * beam, vocab]
+    token_log_probs, state = search.step(flat_seqs, i, state)
     row_sentences = tf.repeat(sentences, beam_size)  # [n * beam]
-    token_log_probs = search.rules.force_prefix(token_log_probs, i, row_sentences)
+    if search.rules.prefix is not None:  # the prefix's forcing needs every log-prob
+        token_log_probs = search.rules.force_prefix(as_log_probs(token_log_probs), i,
+                                                    row_sentences)
     # 2 * beam candidates hold at least beam that do not end in EOS (at most one
     # EOS per live beam), so the live set never runs short.
     top_log_probs, top_beams, top_tokens = _best_extensions(
@@ -290,7 +292,8 @@ def _best_extensions(rules, log_probs, live_log_probs, length, row_sentences, k)
 
     Args:
       rules: TokenRules. log_probs: float32 [n * beam, vocab], each live beam's
-        next-token log-probs. live_log_probs: float32 [n, beam].
+        next-token log-probs, or their keras_transformer.search.LogProbs (only the
+        per_beam most probable normalized). live_log_probs: float32 [n, beam].
       length: the extended outputs' length; row_sentences: int32 [n * beam], each row's
         sentence.
     Returns:
@@ -300,10 +303,13 @@ def _best_extensions(rules, log_probs, live_log_probs, length, row_sentences, k)
     # A sentence's k best hold at most k of one beam, so each beam's k best tokens
     # suffice, plus 2 for PAD and BOS: two small top-ks instead of masking, adding to
     # and ranking all beam * vocab candidates.
-    vocab = log_probs.shape[-1] or tf.shape(log_probs)[-1]
+    ranked = isinstance(log_probs, LogProbs)
+    logits = log_probs.logits if ranked else log_probs
+    vocab = logits.shape[-1] or tf.shape(logits)[-1]
     per_beam = (tf.minimum(k + 2, vocab) if tf.is_tensor(k) or tf.is_tensor(vocab)
                 else min(k + 2, vocab))
-    best, tokens = top_k(log_probs, per_beam)  # [n * beam, per_beam]
+    best, tokens = (log_probs.most_probable(per_beam) if ranked
+                    else top_k(log_probs, per_beam))  # [n * beam, per_beam]
     best, tokens = rules.apply_to_best(best, tokens, length, row_sentences)
     candidates = live_log_probs[:, :, None] + tf.reshape(best, tf.stack([n, beam, per_beam]))
     top_log_probs, top = tf.math.top_k(tf.reshape(candidates, tf.stack([n, beam * per_beam])),

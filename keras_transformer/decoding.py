@@ -12,8 +12,8 @@ log-probabilities are in the results) and followed by the search.
 import tensorflow as tf
 
 from keras_transformer.config import DecodeConfig
-from keras_transformer.search import (DecodeResult, TokenRules, first_tokens, growing_shapes,
-                                      write_tokens)
+from keras_transformer.search import (DecodeResult, TokenRules, as_log_probs, first_tokens,
+                                      growing_shapes, write_tokens)
 from keras_transformer.search import length_penalty as lp
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 
@@ -72,8 +72,8 @@ def search_single_path(step, config=DecodeConfig(), choose=None, rows_per_senten
             return (i < width) & ~tf.reduce_all(finished)
 
         def body(i, seqs, log_probs, finished, state):
-            token_log_probs, state = step(seqs, i, state)  # [rows, vocab]
-            token_log_probs = row_rules.apply(token_log_probs, i)
+            token_log_probs, state = step(seqs, i, state)
+            token_log_probs = row_rules.apply(as_log_probs(token_log_probs), i)  # [rows, vocab]
             tokens = choose(token_log_probs, i)  # [rows]
             tokens = tf.where(finished, PAD_ID, tokens)
             log_probs += tf.where(finished, 0.0,

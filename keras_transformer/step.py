@@ -16,12 +16,13 @@ import tensorflow as tf
 
 from keras_transformer.attention import ELEMENTWISE_MAX_ROWS
 from keras_transformer.masking import padding_mask
-from keras_transformer.search import Step
+from keras_transformer.search import LogProbs, Step
 
 
 class TransformerStep(Step):
-    """step(seqs, i, state) -> (log-probs float32 [rows, vocab], state) of a Transformer for
-    a batch of sentences, with the rest of the step protocol (keras_transformer.search).
+    """step(seqs, i, state) -> (log-probs [rows, vocab] as a search.LogProbs, state) of a
+    Transformer for a batch of sentences, with the rest of the step protocol
+    (keras_transformer.search).
 
     Args:
       model: a Transformer.
@@ -55,7 +56,7 @@ class TransformerStep(Step):
     (1, 2, 7)
     >>> state = step.start(rows_per_sentence=2, width=4)
     >>> log_probs, state = step(first_tokens([2], 4), 0, state)
-    >>> tuple(log_probs.shape), tuple(state["cache"][0]["key"].shape)  # [rows, vocab]
+    >>> tuple(log_probs.logits.shape), tuple(state["cache"][0]["key"].shape)  # [rows, vocab]
     ((2, 20), (2, 4, 1, 16))
     """
 
@@ -123,14 +124,14 @@ class TransformerStep(Step):
                 tf.repeat(state["encoder_output"], self.rows_per_sentence, 0),
                 tf.repeat(state["source_ids"], self.rows_per_sentence, 0),
                 training=False)[:, -1, :]
-            return tf.nn.log_softmax(logits, axis=-1), state
+            return LogProbs.of(logits), state
         tokens = seqs[:, i]
         if self.vocabulary is not None:
             tokens = tf.gather(self.vocabulary, tokens)
         logits, cache = self.model.decode_step(tokens, i, state["cache"],
                                                state["source_mask"], self.weights,
                                                self.fixed_shapes)
-        return tf.nn.log_softmax(logits, axis=-1), {**state, "cache": cache}
+        return LogProbs.of(logits), {**state, "cache": cache}
 
     def reorder(self, state, rows):
         """The state with the self-attention cache's rows reordered: rows int32 [rows']."""

@@ -13,7 +13,7 @@ import tensorflow as tf
 from keras_transformer import (BOS_ID, EOS_ID, PAD_ID, DecodeConfig, Transformer,
                                TransformerConfig, TransformerStep, beam_search)
 from keras_transformer.quantization import quantize_step_weights
-from keras_transformer.search import WrappedStep
+from keras_transformer.search import WrappedStep, as_log_probs
 from keras_transformer.shortlist import SPECIAL_IDS, Shortlist
 
 VOCAB = 40
@@ -89,7 +89,7 @@ class MaskedStep(WrappedStep):
         self.mask = tf.scatter_nd(candidates[:, None], tf.ones_like(candidates), [VOCAB]) > 0
 
     def log_probs(self, log_probs, seqs, i):
-        return tf.nn.log_softmax(tf.where(self.mask, log_probs, float("-inf")))
+        return tf.nn.log_softmax(tf.where(self.mask, as_log_probs(log_probs), float("-inf")))
 
 
 # The tests' search: beam 3, the paper's alpha, 6 tokens beyond the source's.
