@@ -304,8 +304,8 @@ def _best_extensions(rules, log_probs, live_log_probs, length, row_sentences, k)
     # suffice, plus 2 for PAD and BOS: two small top-ks instead of masking, adding to
     # and ranking all beam * vocab candidates.
     ranked = isinstance(log_probs, LogProbs)
-    logits = log_probs.logits if ranked else log_probs
-    vocab = logits.shape[-1] or tf.shape(logits)[-1]
+    rows = log_probs.logits if ranked else log_probs  # [n * beam, vocab]
+    vocab = rows.shape[-1] or tf.shape(rows)[-1]
     per_beam = (tf.minimum(k + 2, vocab) if tf.is_tensor(k) or tf.is_tensor(vocab)
                 else min(k + 2, vocab))
     best, tokens = (log_probs.most_probable(per_beam) if ranked

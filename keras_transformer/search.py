@@ -291,8 +291,8 @@ class LogProbs(NamedTuple):
         probable token: its logit minus the log of its probability, 1 / sum(exp(logits -
         max)) >= 1 / vocab, which never underflows. The tokens are a top-k's over the
         log-probs but where two probabilities round to the same float32 (their log-probs
-        then differ by an ulp or so) or underflow to 0 (e^-103 below the most probable):
-        no choice of a search turns on either.
+        differ by an ulp or so) or underflow to 0 (more than 103 nats below the row's
+        best): there the lower token comes first, not the larger log-prob.
 
         Example:
 
