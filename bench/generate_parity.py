@@ -61,7 +61,8 @@ def without_pad(step):
     which has no PAD id, normalizes."""
     import tensorflow as tf
     from keras_transformer import PAD_ID
-    from keras_transformer.search import WrappedStep, as_log_probs
+    from keras_transformer.log_probs import as_log_probs
+    from keras_transformer.search import WrappedStep
 
     class WithoutPad(WrappedStep):
         def log_probs(self, log_probs, seqs, i):

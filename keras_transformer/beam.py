@@ -29,8 +29,9 @@ import tensorflow as tf
 from keras_transformer import stopping
 from keras_transformer.config import DecodeConfig
 from keras_transformer.ranking import top_k
-from keras_transformer.search import (DecodeResult, LogProbs, TokenRules, as_log_probs,
-                                      first_tokens, growing_shapes, write_tokens)
+from keras_transformer.log_probs import LogProbs, as_log_probs
+from keras_transformer.search import (DecodeResult, TokenRules, first_tokens, growing_shapes,
+                                      write_tokens)
 from keras_transformer.search import length_penalty as lp
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 
@@ -292,7 +293,7 @@ def _best_extensions(rules, log_probs, live_log_probs, length, row_sentences, k)
 
     Args:
       rules: TokenRules. log_probs: float32 [n * beam, vocab], each live beam's
-        next-token log-probs, or their keras_transformer.search.LogProbs (only the
+        next-token log-probs, or their keras_transformer.log_probs.LogProbs (only the
         per_beam most probable normalized). live_log_probs: float32 [n, beam].
       length: the extended outputs' length; row_sentences: int32 [n * beam], each row's
         sentence.

@@ -12,8 +12,9 @@ log-probabilities are in the results) and followed by the search.
 import tensorflow as tf
 
 from keras_transformer.config import DecodeConfig
-from keras_transformer.search import (DecodeResult, TokenRules, as_log_probs, first_tokens,
-                                      growing_shapes, write_tokens)
+from keras_transformer.log_probs import as_log_probs
+from keras_transformer.search import (DecodeResult, TokenRules, first_tokens, growing_shapes,
+                                      write_tokens)
 from keras_transformer.search import length_penalty as lp
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 

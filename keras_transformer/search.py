@@ -22,8 +22,8 @@ batch of sentences and offers (`Step` has the defaults):
     step(seqs, i, state) -> (log_probs, state)
       seqs int32 [rows, width + 1], the outputs so far (BOS in column 0, the token at
       position i the last one written); log_probs float32 [rows, vocab] of the token at
-      position i + 1, or the same as a `LogProbs` (logits and their softmax;
-      `as_log_probs` makes either a tensor).
+      position i + 1, or the same as a keras_transformer.log_probs.LogProbs (logits and
+      their softmax; `as_log_probs` there makes either a tensor).
     step.reorder(state, rows) -> state: row r of the new state is row rows[r] of the old
       (rows int32 [rows']: the beams kept, each from its parent).
     step.keep(state, sentences) -> state: the per-sentence part of the state for the
@@ -54,7 +54,6 @@ from typing import NamedTuple, Optional
 import tensorflow as tf
 
 from keras_transformer.config import LENGTH_PENALTIES, DecodeConfig
-from keras_transformer.ranking import top_k
 from keras_transformer.shortlist import from_candidates, to_candidates
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 
@@ -263,61 +262,6 @@ class TokenRules(NamedTuple):
         return ids if self.vocabulary is None else from_candidates(ids, self.vocabulary)
 
 
-class LogProbs(NamedTuple):
-    """A step's next-token log-probabilities as its logits and their softmax, for a search
-    that keeps only a few tokens per row (beam search): it ranks the probabilities and
-    normalizes only the logits it keeps (`most_probable`). A log-softmax writes every
-    row's vocabulary of log-probs in several passes, where oneDNN's softmax takes one:
-    the log-softmax was a fifth of a 64-sentence batch's step (docs/performance-notes.md,
-    "The log-softmax left out").
-
-    logits: float32 [rows, vocab]; probabilities: float32 [rows, vocab], their softmax (a
-    search that normalizes every row, `normalized`, never computes it: the graph prunes
-    it)."""
-
-    logits: tf.Tensor
-    probabilities: tf.Tensor
-
-    @classmethod
-    def of(cls, logits):
-        """The LogProbs of logits float32 [rows, vocab]."""
-        return cls(logits, tf.nn.softmax(logits, axis=-1))
-
-    def most_probable(self, k):
-        """(log-probs float32 [rows, k], tokens int32 [rows, k]): each row's k most
-        probable tokens, most probable first, ties to the lower token.
-
-        Each log-prob is its logit minus the row's log-sum-exp, read off the most
-        probable token: its logit minus the log of its probability, 1 / sum(exp(logits -
-        max)) >= 1 / vocab, which never underflows. The tokens are a top-k's over the
-        log-probs but where two probabilities round to the same float32 (their log-probs
-        differ by an ulp or so) or underflow to 0 (more than 103 nats below the row's
-        best): there the lower token comes first, not the larger log-prob.
-
-        Example:
-
-        >>> import tensorflow as tf
-        >>> logits = tf.constant([[2.0, 0.5, -1.0, 3.0]])
-        >>> log_probs, tokens = LogProbs.of(logits).most_probable(2)
-        >>> expected = tf.math.top_k(tf.nn.log_softmax(logits), 2)
-        >>> tokens.numpy().tolist(), bool(tf.reduce_all(
-        ...     tf.abs(log_probs - expected.values) < 1e-6))
-        ([[3, 0]], True)
-        """
-        probabilities, tokens = top_k(self.probabilities, k)
-        logits = tf.gather(self.logits, tokens, batch_dims=1)
-        return logits - (logits[:, :1] - tf.math.log(probabilities[:, :1])), tokens
-
-    def normalized(self):
-        """The log-probs float32 [rows, vocab]."""
-        return tf.nn.log_softmax(self.logits, axis=-1)
-
-
-def as_log_probs(log_probs):
-    """A step's log-probs, a tensor float32 [rows, vocab] or a LogProbs, as a tensor."""
-    return log_probs.normalized() if isinstance(log_probs, LogProbs) else log_probs
-
-
 class Step:
     """The defaults of the step protocol (the module's docstring): a stateless step over
     the whole vocabulary, no prefix, growing shapes. A step sets source_ids and
@@ -364,7 +308,8 @@ class WrappedStep(Step):
 
     def log_probs(self, log_probs, seqs, i):
         """The wrapper's log-probs from the inner step's (a tensor float32 [rows, vocab]
-        or a LogProbs: `as_log_probs` makes either a tensor)."""
+        or a keras_transformer.log_probs.LogProbs: its `as_log_probs` makes either a
+        tensor)."""
         del seqs, i
         return log_probs
 

@@ -16,11 +16,12 @@ import tensorflow as tf
 
 from keras_transformer.attention import ELEMENTWISE_MAX_ROWS
 from keras_transformer.masking import padding_mask
-from keras_transformer.search import LogProbs, Step
+from keras_transformer.log_probs import LogProbs
+from keras_transformer.search import Step
 
 
 class TransformerStep(Step):
-    """step(seqs, i, state) -> (log-probs [rows, vocab] as a search.LogProbs, state) of a
+    """step(seqs, i, state) -> (log-probs [rows, vocab] as a log_probs.LogProbs, state) of a
     Transformer for a batch of sentences, with the rest of the step protocol
     (keras_transformer.search).
 

@@ -13,7 +13,8 @@ import tensorflow as tf
 from keras_transformer import (BOS_ID, EOS_ID, PAD_ID, DecodeConfig, Transformer,
                                TransformerConfig, TransformerStep, beam_search)
 from keras_transformer.quantization import quantize_step_weights
-from keras_transformer.search import WrappedStep, as_log_probs
+from keras_transformer.log_probs import as_log_probs
+from keras_transformer.search import WrappedStep
 from keras_transformer.shortlist import SPECIAL_IDS, Shortlist
 
 VOCAB = 40
