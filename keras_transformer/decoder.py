@@ -86,12 +86,13 @@ class DecoderLayer(keras.layers.Layer):
         x = self.feed_forward_residual(x, y, training=training)
         return (x, weights) if return_attention_scores else x
 
-    def initial_cache(self, encoder_output, beam_size=1, width=0):
+    def initial_cache(self, encoder_output, beam_size=1, width=0, source_packing=None):
         """The cache before the first step: no self-attention keys and values yet, and
         the encoder-decoder keys and values, once per sentence (its beams share them).
 
         Args:
-          encoder_output: [batch, src_len, d_model].
+          encoder_output: [batch, src_len, d_model], or with `source_packing` (the
+            source's Packing) packed, [src_tokens, d_model].
           beam_size: rows decoded per sentence (its beams).
           width: 0, a cache that every step extends by one position; or the positions
             a search may decode, a fixed-width cache (XLA's fixed shapes) that step
@@ -100,8 +101,9 @@ class DecoderLayer(keras.layers.Layer):
         [batch * beam_size, heads, width, d_v], zeros; "cross_key"
         [batch, heads, src_len, d_k] and "cross_value" [batch, heads, src_len, d_v].
         """
-        cross_key, cross_value = self.cross_attention.project_key_value(encoder_output)
-        rows = ops.shape(encoder_output)[0] * beam_size
+        cross_key, cross_value = self.cross_attention.project_key_value(encoder_output,
+                                                                        source_packing)
+        rows = ops.shape(cross_key)[0] * beam_size
         attention = self.self_attention
         return {
             "key": ops.zeros((rows, self.num_heads, width, attention.key_dim), cross_key.dtype),
@@ -227,9 +229,10 @@ class Decoder(LayerStack):
         x = self.finish(x)
         return (x, all_weights) if return_attention_scores else x
 
-    def initial_cache(self, encoder_output, beam_size=1, width=0):
+    def initial_cache(self, encoder_output, beam_size=1, width=0, source_packing=None):
         """A list of N per-layer caches (see DecoderLayer.initial_cache)."""
-        return [layer.initial_cache(encoder_output, beam_size, width) for layer in self.layers]
+        return [layer.initial_cache(encoder_output, beam_size, width, source_packing)
+                for layer in self.layers]
 
     def step_weights(self, elementwise=None):
         """What `step` reads, read once per decoding search: a dict of the N layers'

@@ -62,7 +62,8 @@ class Packing:
 
         @tf.custom_gradient
         def unpack(x):
-            rows = tf.concat([x, tf.zeros_like(x[:1])], axis=0)  # then the zero row: padding
+            # Then the zero row, for padding (x may have no rows: a batch of empty sources).
+            rows = tf.concat([x, tf.zeros(tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype)], 0)
             return (tf.reshape(tf.gather(rows, self._slots),
                                tf.concat([self.shape, tf.shape(x)[1:]], 0)), self.pack)
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from keras_transformer.attention import ELEMENTWISE_MAX_ROWS
 from keras_transformer.masking import padding_mask
+from keras_transformer.packing import Packing
 from keras_transformer.log_probs import LogProbs
 from keras_transformer.search import Step
 
@@ -83,12 +84,17 @@ class TransformerStep(Step):
         """The first state, for rows_per_sentence adjacent rows per sentence and outputs
         of `width` tokens at most; reads the step's weights (once per search)."""
         self.rows_per_sentence = rows_per_sentence
-        encoder_output = self.model.encode(self.source_ids, training=False)
         if not self.use_cache:
-            return {"source_ids": self.source_ids, "encoder_output": encoder_output}
-        # Encoder-decoder keys and values are projected once per sentence.
+            return {"source_ids": self.source_ids,
+                    "encoder_output": self.model.encode(self.source_ids, training=False)}
+        # The encoder on the source's tokens alone, as training runs it: its projections
+        # are then matmuls of 2-D inputs, which TensorFlow fuses with their bias and
+        # activation (XLA's fixed shapes keep the padded batch). Encoder-decoder keys and
+        # values are projected once per sentence.
+        packing = None if self.fixed_shapes else Packing(self.source_ids)
+        encoder_output = self.model.encode(self.source_ids, training=False, packing=packing)
         cache = self.model.initial_cache(encoder_output, rows_per_sentence,
-                                         width + 1 if self.fixed_shapes else 0)
+                                         width + 1 if self.fixed_shapes else 0, packing)
         weights = (self.model.step_weights(width + 1) if self.given_weights is None
                    else self.given_weights)
         if self.vocabulary is not None:  # the projection's rows gathered once per batch

@@ -180,10 +180,11 @@ class Transformer(keras.Model):
         return self.decode(target_input_ids, encoder_output, source_ids, training=training,
                            packing=target, source_packing=source, project=project), target
 
-    def initial_cache(self, encoder_output, beam_size=1, width=0):
+    def initial_cache(self, encoder_output, beam_size=1, width=0, source_packing=None):
         """The decoding cache of `beam_size` rows per sentence, growing (width 0) or of
-        `width` positions (see DecoderLayer.initial_cache)."""
-        return self.decoder.initial_cache(encoder_output, beam_size, width)
+        `width` positions, from `encode`'s output (packed with its `source_packing`; see
+        DecoderLayer.initial_cache)."""
+        return self.decoder.initial_cache(encoder_output, beam_size, width, source_packing)
 
     def step_weights(self, length, elementwise=None):
         """What `decode_step` reads, read once per search rather than at every step:
