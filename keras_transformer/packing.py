@@ -18,6 +18,8 @@ class Packing:
     Args:
       ids: int [batch, length], PAD_ID where padded (after each row's tokens or between
         them: any mask works).
+      differentiable: pack and unpack carry each other as their gradients (gathers both
+        ways); False for inference, whose graphs then hold no custom gradient.
 
     Attributes:
       num_tokens: int32 [], the non-padding positions.
@@ -34,7 +36,8 @@ class Packing:
     [[1, 2, 3], [4, 5, 0]]
     """
 
-    def __init__(self, ids):
+    def __init__(self, ids, differentiable=True):
+        self.differentiable = differentiable
         self.shape = tf.shape(ids)  # [2]: batch, length
         real = tf.reshape(tf.not_equal(ids, PAD_ID), [-1])  # [batch * length]
         # Both directions are gathers, forward and backward: unpacking with tf.scatter_nd
@@ -50,21 +53,27 @@ class Packing:
     def pack(self, x):
         """[batch, length, ...] -> [tokens, ...], the non-padding positions in order."""
 
-        @tf.custom_gradient
         def pack(x):
             rows = tf.reshape(x, tf.concat([[-1], tf.shape(x)[2:]], 0))  # [batch * length, ...]
             return tf.gather(rows, self._rows), self.unpack
 
-        return pack(x)
+        return self._apply(pack, x)
 
     def unpack(self, x):
         """[tokens, ...] -> [batch, length, ...], zeros at padding (`pack`'s inverse)."""
 
-        @tf.custom_gradient
         def unpack(x):
             # Then the zero row, for padding (x may have no rows: a batch of empty sources).
             rows = tf.concat([x, tf.zeros(tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype)], 0)
             return (tf.reshape(tf.gather(rows, self._slots),
                                tf.concat([self.shape, tf.shape(x)[1:]], 0)), self.pack)
 
-        return unpack(x)
+        return self._apply(unpack, x)
+
+    def _apply(self, function, x):
+        """function(x) -> (y, its gradient function): y, with that gradient when the packing
+        is differentiable. Inference's is not: a custom gradient would be saved into a
+        SavedModel's graph, whose every load then warns of it."""
+        if self.differentiable:
+            return tf.custom_gradient(function)(x)
+        return function(x)[0]

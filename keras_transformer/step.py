@@ -91,7 +91,7 @@ class TransformerStep(Step):
         # are then matmuls of 2-D inputs, which TensorFlow fuses with their bias and
         # activation (XLA's fixed shapes keep the padded batch). Encoder-decoder keys and
         # values are projected once per sentence.
-        packing = None if self.fixed_shapes else Packing(self.source_ids)
+        packing = None if self.fixed_shapes else Packing(self.source_ids, differentiable=False)
         encoder_output = self.model.encode(self.source_ids, training=False, packing=packing)
         cache = self.model.initial_cache(encoder_output, rows_per_sentence,
                                          width + 1 if self.fixed_shapes else 0, packing)
