@@ -18,8 +18,9 @@ class Packing:
     Args:
       ids: int [batch, length], PAD_ID where padded (after each row's tokens or between
         them: any mask works).
-      differentiable: pack and unpack carry each other as their gradients (gathers both
-        ways); False for inference, whose graphs then hold no custom gradient.
+      custom_gradient: pack and unpack take each other as their gradients (gathers both
+        ways); False for inference: a custom gradient saved into a SavedModel makes every
+        load of it warn. Without it, gradients still flow, through tf.gather's own.
 
     Attributes:
       num_tokens: int32 [], the non-padding positions.
@@ -36,8 +37,8 @@ class Packing:
     [[1, 2, 3], [4, 5, 0]]
     """
 
-    def __init__(self, ids, differentiable=True):
-        self.differentiable = differentiable
+    def __init__(self, ids, custom_gradient=True):
+        self.custom_gradient = custom_gradient
         self.shape = tf.shape(ids)  # [2]: batch, length
         real = tf.reshape(tf.not_equal(ids, PAD_ID), [-1])  # [batch * length]
         # Both directions are gathers, forward and backward: unpacking with tf.scatter_nd
@@ -71,9 +72,8 @@ class Packing:
         return self._apply(unpack, x)
 
     def _apply(self, function, x):
-        """function(x) -> (y, its gradient function): y, with that gradient when the packing
-        is differentiable. Inference's is not: a custom gradient would be saved into a
-        SavedModel's graph, whose every load then warns of it."""
-        if self.differentiable:
+        """function(x) -> (y, its gradient function): y, with that gradient unless the
+        packing was made with custom_gradient=False."""
+        if self.custom_gradient:
             return tf.custom_gradient(function)(x)
         return function(x)[0]

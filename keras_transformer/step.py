@@ -15,9 +15,9 @@ step's state: "source_ids" [batch, src_len] and "encoder_output" [batch, src_len
 import tensorflow as tf
 
 from keras_transformer.attention import ELEMENTWISE_MAX_ROWS
+from keras_transformer.log_probs import LogProbs
 from keras_transformer.masking import padding_mask
 from keras_transformer.packing import Packing
-from keras_transformer.log_probs import LogProbs
 from keras_transformer.search import Step
 
 
@@ -91,7 +91,7 @@ class TransformerStep(Step):
         # are then matmuls of 2-D inputs, which TensorFlow fuses with their bias and
         # activation (XLA's fixed shapes keep the padded batch). Encoder-decoder keys and
         # values are projected once per sentence.
-        packing = None if self.fixed_shapes else Packing(self.source_ids, differentiable=False)
+        packing = None if self.fixed_shapes else Packing(self.source_ids, custom_gradient=False)
         encoder_output = self.model.encode(self.source_ids, training=False, packing=packing)
         cache = self.model.initial_cache(encoder_output, rows_per_sentence,
                                          width + 1 if self.fixed_shapes else 0, packing)
