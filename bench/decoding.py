@@ -42,6 +42,13 @@ the race is at equal rules when the exports were made with --length_penalty=aver
     next request's cores. A virtual machine's speed drifts by a third within minutes,
     which decides the ratio of two rows timed minutes apart; taking turns, both see the
     same minutes.
+  - the same for throughput (--throughput_rounds, 8 by default): our fastest export for
+    it (--saved_model_shortlist if given, else --saved_model_bfloat16, else float32; with
+    the --env variables, two requests in flight of one thread each) and CTranslate2 int8
+    and float32 (and with --vmap, both with their vocabulary map; two translators of one
+    thread each), all loaded at once, each making one pass over the sentences sorted by
+    length per round, the first to go rotating: ours over each as the geometric mean of
+    the rounds' ratios.
   Rows: each SavedModel given (--saved_model float32, --saved_model_bfloat16 from
   `python -m trainer.export --serving_dtype=bfloat16`, --previous_saved_model: the same
   checkpoints exported by earlier code, a before/after in one run; --xla: the translate_xla
@@ -265,6 +272,10 @@ def parse_args(argv):
     ct2.add_argument("--turns", action=argparse.BooleanOptionalAction, default=True,
                      help="also time one sentence with our fastest setup and CTranslate2 "
                      "float32 taking turns request by request")
+    ct2.add_argument("--throughput_rounds", type=int, default=8,
+                     help="with --turns, also time throughput taking turns: our fastest "
+                     "export and CTranslate2 int8 and float32, all loaded at once, one pass "
+                     "each per round over the sentences sorted by length (0: not)")
     ct2.add_argument("--turn_pause", type=float, default=0.25, help="seconds between two "
                      "requests when taking turns (default 0.25): CTranslate2's OpenMP threads (Intel "
                      "OpenMP's default KMP_BLOCKTIME is 200 ms) and TensorFlow's pool keep "

@@ -100,21 +100,57 @@ def measure(args, search: dict):
                 result["identical"] = sum(a == b for a, b in zip(result["outputs"], plain))
             print(f"  {name}, {label}, {threads} threads, {in_flight} in flight: "
                   f"{ {k: v for k, v in result.items() if k != 'outputs'} }", file=sys.stderr)
-    turns = {}
+    turns = {"latency": {}, "throughput": {}}
     if args.turns:
-        fastest = "bfloat16" if args.saved_model_bfloat16 else "float32"
-        label = serving_label(args, fastest)
-        for threads in LATENCY_THREADS:
-            commands = [worker_command(args, engine, precision, threads, search, serve=True)
-                        for engine, precision in (("saved_model", fastest),
-                                                  ("ctranslate2", "float32"))]
-            ours, theirs = taking_turns(commands, [dict(args.env), {}],
-                                        args.latency_sentences, args.turn_pause)
-            turns[label, threads] = (percentiles(ours), percentiles(theirs),
-                                     statistics.median(a / b for a, b in zip(ours, theirs)))
-            print(f"  taking turns, {label}, {threads} threads: {turns[label, threads]}",
-                  file=sys.stderr)
+        turns["latency"] = latency_turns(args, search)
+    if args.turns and args.throughput_rounds:
+        turns["throughput"] = throughput_turns(args, search)
     return results, turns
+
+
+def latency_turns(args, search: dict):
+    """{(label, threads): ((p50, p95) ours, (p50, p95) CTranslate2 float32, the median of
+    per-sentence ratios)}: our fastest setup for one sentence (the bfloat16 export if
+    given, in the --env environment) and CTranslate2 float32 taking turns request by
+    request, at each of LATENCY_THREADS."""
+    fastest = "bfloat16" if args.saved_model_bfloat16 else "float32"
+    label, turns = serving_label(args, fastest), {}
+    for threads in LATENCY_THREADS:
+        commands = [worker_command(args, engine, precision, threads, search, serve=True)
+                    for engine, precision in (("saved_model", fastest),
+                                              ("ctranslate2", "float32"))]
+        ours, theirs = taking_turns(commands, [dict(args.env), {}],
+                                    [str(i) for i in range(args.latency_sentences)],
+                                    args.turn_pause)
+        turns[label, threads] = (percentiles(ours), percentiles(theirs),
+                                 statistics.median(a / b for a, b in zip(ours, theirs)))
+        print(f"  taking turns, {label}, {threads} threads: {turns[label, threads]}",
+              file=sys.stderr)
+    return turns
+
+
+def throughput_turns(args, search: dict):
+    """{system label: sentences/s of each round}: our fastest export for throughput (the
+    shortlist's if given, else bfloat16's, else float32's; in the --env environment, two
+    requests in flight of one thread each) and CTranslate2 at each compute type (with its
+    vocabulary map too, with --vmap; two translators of one thread each), all loaded at
+    once, taking turns pass by pass over the length-sorted sentences for
+    --throughput_rounds rounds, the first to go rotating."""
+    ours = (SHORTLIST if args.saved_model_shortlist else
+            "bfloat16" if args.saved_model_bfloat16 else "float32")
+    theirs = ["int8", "float32"] + ([c + VMAP for c in ("int8", "float32")]
+                                    if args.vmap else [])
+    systems = [("saved_model", ours, 1, IN_FLIGHT, dict(args.env), serving_label(args, ours))]
+    systems += [("ctranslate2", c, LATENCY_THREADS[0], 1, {}, f"CTranslate2 {c}")
+                for c in theirs]
+    commands = [worker_command(args, engine, precision, threads, search, serve=True,
+                               in_flight=in_flight)
+                for engine, precision, threads, in_flight, _, _ in systems]
+    rates = taking_turns(commands, [env for *_, env, _ in systems],
+                         ["sorted"] * args.throughput_rounds, args.turn_pause)
+    turns = {label: r for (*_, label), r in zip(systems, rates)}
+    print(f"  throughput taking turns: {turns}", file=sys.stderr)
+    return turns
 
 
 def setup_label(engine: str, threads: int, in_flight: int) -> str:
@@ -160,19 +196,42 @@ def print_tables(args, results: dict, turns: dict):
         text_columns=2, title="Single-sentence latency, p50 / p95 ms over the first "
         f"{args.latency_sentences} sentences, one request at a time:")
     best_latency(results)
-    if turns:
+    if turns["latency"]:
         common.print_table(
             ["SavedModel", "threads", "SavedModel p50 / p95", "CTranslate2 float32 p50 / p95",
              "p50 ratio", "median of per-sentence ratios"],
             [[label, threads, f"{o50:.1f} / {o95:.1f}", f"{c50:.1f} / {c95:.1f}",
               f"{o50 / c50:.2f}x", f"{ratio:.2f}x"]
-             for (label, threads), ((o50, o95), (c50, c95), ratio) in turns.items()],
+             for (label, threads), ((o50, o95), (c50, c95), ratio)
+             in turns["latency"].items()],
             title="The same, our SavedModel and CTranslate2 float32 taking turns request by "
                   f"request (file order, {args.turn_pause * 1e3:.0f} ms between requests):")
+    if turns["throughput"]:
+        print_throughput_turns(args, turns["throughput"])
     skipped = [f"{n} {p}: {r['skipped']}" for (n, p, t, _), r in results.items()
                if "skipped" in r and t == LATENCY_THREADS[0]]
     if skipped:
         print("Skipped: " + "; ".join(skipped) + "\n")
+
+
+def print_throughput_turns(args, rates: dict):
+    """The throughput-turns table: each system's median sentences/s over the rounds, and
+    ours over each CTranslate2 row as the geometric mean of the rounds' ratios (and
+    their range): both sides of a ratio ran within seconds of each other."""
+    (ours, our_rates), *others = rates.items()
+    rows = [[ours, f"{statistics.median(our_rates):.1f}", "", ""]]
+    for label, their_rates in others:
+        ratios = [a / b for a, b in zip(our_rates, their_rates)]
+        rows.append([label, f"{statistics.median(their_rates):.1f}",
+                     f"{statistics.geometric_mean(ratios):.2f}x",
+                     f"{min(ratios):.2f}x-{max(ratios):.2f}x"])
+    common.print_table(
+        ["system", "sentences/s (median)", "ours / it (geometric mean)", "rounds' range"],
+        rows, text_columns=1,
+        title=f"Throughput taking turns: our fastest export ({setup_label('ours', 1, IN_FLIGHT)}) "
+              f"and CTranslate2 (2 translators of 1 thread), all loaded at once, one pass each "
+              f"over the sentences sorted by length per round, {len(our_rates)} rounds, the "
+              f"first to go rotating, {args.turn_pause * 1e3:.0f} ms between passes:")
 
 
 def best_row(timed: dict, reference: dict):

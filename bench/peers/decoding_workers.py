@@ -157,13 +157,13 @@ def worker(args):
     translate = worker_translator(args, engine, precision, threads, texts, in_flight)
     if translate is None:
         return
+    # CTranslate2 sorts and batches a call's texts itself: the file in one call.
+    batch_size = None if engine == "ctranslate2" else args.batch_size
     if args.serve:
-        return serve(translate, texts)
+        return serve(translate, texts, batch_size, in_flight)
     result = {}
     if threads == LATENCY_THREADS[0] or in_flight > 1:
         references = common.read_lines(args.ref, args.sentences or 0)
-        # CTranslate2 sorts and batches a call's texts itself: the file in one call.
-        batch_size = None if engine == "ctranslate2" else args.batch_size
         result["file_rate"], outputs = throughput(translate, texts, batch_size, args.repeats,
                                                   in_flight)
         result["sorted_rate"], _ = throughput(
@@ -182,36 +182,43 @@ def worker(args):
     print(json.dumps(result))
 
 
-def serve(translate, texts: List[str]):
-    """A turn-taking worker: warms up on the first sentence, prints "ready", then for each
-    line i on standard input translates texts[i] alone and prints the milliseconds it took,
-    until standard input closes."""
+def serve(translate, texts: List[str], batch_size, in_flight: int):
+    """A turn-taking worker: warms up on the first sentence, prints "ready", then answers
+    each line on standard input until it closes: a line i translates texts[i] alone and
+    prints the milliseconds it took; the line "sorted" translates all texts sorted by
+    length, as `throughput` does (batches of batch_size, in_flight at once), and prints
+    the sentences per second of that pass."""
     translate(texts[:1])
     print("ready", flush=True)
+    by_length = sorted(texts, key=lambda t: len(t.split()))
     for line in sys.stdin:
-        text = texts[int(line)]
-        print(f"{common.seconds(lambda: translate([text])) * 1e3:.3f}", flush=True)
+        if line.strip() == "sorted":
+            rate, _ = throughput(translate, by_length, batch_size, 1, in_flight)
+            print(f"{rate:.3f}", flush=True)
+        else:
+            text = texts[int(line)]
+            print(f"{common.seconds(lambda: translate([text])) * 1e3:.3f}", flush=True)
 
 
-def taking_turns(commands, envs, sentences: int, pause: float):
-    """Milliseconds per sentence of each worker command, the workers (all loaded first)
-    translating sentences 0..sentences-1 in turn, the first to go alternating from one
-    sentence to the next, `pause` seconds between requests."""
+def taking_turns(commands, envs, requests: List[str], pause: float):
+    """Each worker command's answers (`serve`'s) to the same requests, the workers (all
+    loaded first) taking turns request by request, the first to go rotating from one
+    request to the next, `pause` seconds before each request."""
     workers = [subprocess.Popen(c, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                 env={**os.environ, **e}) for c, e in zip(commands, envs)]
     try:
         for w in workers:
             if w.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"worker {w.args[-1]} did not start")
-        times = [[] for _ in workers]
-        for i in range(sentences):
-            order = range(len(workers)) if i % 2 == 0 else reversed(range(len(workers)))
-            for k in order:
+        answers = [[] for _ in workers]
+        for i, request in enumerate(requests):
+            first = i % len(workers)
+            for k in [*range(first, len(workers)), *range(first)]:
                 time.sleep(pause)
-                workers[k].stdin.write(f"{i}\n")
+                workers[k].stdin.write(f"{request}\n")
                 workers[k].stdin.flush()
-                times[k].append(float(workers[k].stdout.readline()))
-        return times
+                answers[k].append(float(workers[k].stdout.readline()))
+        return answers
     finally:
         for w in workers:
             w.stdin.close()
