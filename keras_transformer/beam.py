@@ -245,14 +245,13 @@ def _beam_step(search, i, sentences, beams, finished, state):
     beam_size = search.beam_size
     flat_seqs = tf.reshape(beams.seqs, tf.stack([n * beam_size, search.width + 1]))
     token_log_probs, state = search.step(flat_seqs, i, state)
-    row_sentences = tf.repeat(sentences, beam_size)  # [n * beam]
     if search.rules.prefix is not None:  # the prefix's forcing needs every log-prob
         token_log_probs = search.rules.force_prefix(as_log_probs(token_log_probs), i,
-                                                    row_sentences)
+                                                    tf.repeat(sentences, beam_size))
     # 2 * beam candidates hold at least beam that do not end in EOS (at most one
     # EOS per live beam), so the live set never runs short.
     top_log_probs, top_beams, top_tokens = _best_extensions(
-        search.rules, token_log_probs, beams.log_probs, i + 1, row_sentences, 2 * beam_size)
+        search.rules, token_log_probs, beams.log_probs, i + 1, sentences, 2 * beam_size)
     top_seqs = write_tokens(tf.gather(beams.seqs, top_beams, batch_dims=1), i + 1,
                             top_tokens)  # [n, 2 * beam, width + 1]
     ends = top_tokens == EOS_ID
@@ -285,33 +284,34 @@ def _add_finished(finished, seqs, log_probs, length, search):
         count)
 
 
-def _best_extensions(rules, log_probs, live_log_probs, length, row_sentences, k):
+def _best_extensions(rules, log_probs, live_log_probs, length, sentences, k):
     """The k best one-token extensions of each sentence's live beams, best first.
 
     Ranked as one top-k over all beam * vocab candidates would rank them (ties: lower
-    beam, then lower token), among the tokens the rules allow (TokenRules.apply_to_best).
+    beam, then lower token), among the tokens the rules allow (TokenRules).
 
     Args:
       rules: TokenRules. log_probs: float32 [n * beam, vocab], each live beam's
-        next-token log-probs, or their keras_transformer.log_probs.LogProbs (only the
-        per_beam most probable normalized). live_log_probs: float32 [n, beam].
-      length: the extended outputs' length; row_sentences: int32 [n * beam], each row's
-        sentence.
+        next-token log-probs, or their keras_transformer.log_probs.LogProbs (ranked a
+        sentence at a time, only the candidates kept normalized). live_log_probs: float32
+        [n, beam].
+      length: the extended outputs' length; sentences: int32 [n], each sentence's index.
     Returns:
       (log-probs float32 [n, k] (live + token), beams int32 [n, k], tokens int32 [n, k]).
     """
+    if isinstance(log_probs, LogProbs):
+        return rules.apply_to_extensions(
+            *log_probs.best_extensions(live_log_probs, k, rules.NEVER), live_log_probs,
+            length, sentences)
     n, beam = tf.shape(live_log_probs)[0], tf.shape(live_log_probs)[1]
     # A sentence's k best hold at most k of one beam, so each beam's k best tokens
     # suffice, plus 2 for PAD and BOS: two small top-ks instead of masking, adding to
     # and ranking all beam * vocab candidates.
-    ranked = isinstance(log_probs, LogProbs)
-    rows = log_probs.logits if ranked else log_probs  # [n * beam, vocab]
-    vocab = rows.shape[-1] or tf.shape(rows)[-1]
+    vocab = log_probs.shape[-1] or tf.shape(log_probs)[-1]
     per_beam = (tf.minimum(k + 2, vocab) if tf.is_tensor(k) or tf.is_tensor(vocab)
                 else min(k + 2, vocab))
-    best, tokens = (log_probs.most_probable(per_beam) if ranked
-                    else top_k(log_probs, per_beam))  # [n * beam, per_beam]
-    best, tokens = rules.apply_to_best(best, tokens, length, row_sentences)
+    best, tokens = rules.apply_to_best(*top_k(log_probs, per_beam), length,
+                                       tf.repeat(sentences, beam))  # [n * beam, per_beam]
     candidates = live_log_probs[:, :, None] + tf.reshape(best, tf.stack([n, beam, per_beam]))
     top_log_probs, top = tf.math.top_k(tf.reshape(candidates, tf.stack([n, beam * per_beam])),
                                        k)

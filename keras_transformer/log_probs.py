@@ -2,17 +2,18 @@
 and their softmax, normalized only for the tokens a search keeps (keras_transformer.search's
 step protocol allows either this or a plain tensor of log-probs)."""
 
+import functools
 from typing import NamedTuple
 
 import tensorflow as tf
 
-from keras_transformer.ranking import top_k
+from keras_transformer.ranking import group_size, top_k
 
 
 class LogProbs(NamedTuple):
     """A step's next-token log-probabilities as its logits and their softmax, for a search
-    that keeps only a few tokens per row (beam search): it ranks the probabilities and
-    normalizes only the logits it keeps (`most_probable`). A log-softmax writes every
+    that keeps only a few tokens per sentence (beam search): it ranks the probabilities and
+    normalizes only the logits it keeps (`best_extensions`). A log-softmax writes every
     row's vocabulary of log-probs in several passes, where oneDNN's softmax takes one:
     the log-softmax was a fifth of a 64-sentence batch's step (docs/performance-notes.md,
     "The log-softmax left out").
@@ -29,34 +30,122 @@ class LogProbs(NamedTuple):
         """The LogProbs of logits float32 [rows, vocab]."""
         return cls(logits, tf.nn.softmax(logits, axis=-1))
 
-    def most_probable(self, k):
-        """(log-probs float32 [rows, k], tokens int32 [rows, k]): each row's k most
-        probable tokens, most probable first, ties to the lower token.
+    def best_extensions(self, live, k, never=()):
+        """The k best one-token extensions of n sentences' live beams, best first: what
+        one top-k over each sentence's beam * vocab candidates, scored live + log-prob,
+        gives (ties: lower beam, then lower token), among the tokens not in `never`.
 
-        Each log-prob is its logit minus the row's log-sum-exp, read off the most
-        probable token: its logit minus the log of its probability, 1 / sum(exp(logits -
-        max)) >= 1 / vocab, which never underflows. The tokens are a top-k's over the
-        log-probs but where two probabilities round to the same float32 (their log-probs
-        differ by an ulp or so) or underflow to 0 (more than 103 nats below the row's
-        best): there the lower token comes first, not the larger log-prob.
+        These LogProbs hold the beams' rows, beam adjacent rows per sentence. Each
+        candidate's log-prob is its logit minus its row's log-sum-exp (`_norms`). The
+        ranking takes two small passes, as ranking.top_k's: each row's groups of about
+        sqrt(vocab) tokens, scored by live + the log of their largest probability, and
+        the candidates of each sentence's k best groups. Candidates whose log-probs are
+        within float32 rounding of the k-th group's best may rank in another order. A
+        vocabulary of unknown size (a shortlist's), or with fewer than 4 such groups,
+        ranks each row's k + len(never) most probable tokens first, then those of the
+        sentence's beams.
 
-        Example:
+        Args:
+          live: float32 [n, beam], the live beams' log-probs (-inf: none).
+          k: at most 2 * beam, a Python int or a scalar tensor.
+          never: the token ids that are never candidates (Python ints).
+        Returns:
+          (log-probs float32 [n, k] (live + token), beams int32 [n, k], tokens int32
+          [n, k]).
+
+        Example: two beams of one sentence over 4 tokens.
 
         >>> import tensorflow as tf
-        >>> logits = tf.constant([[2.0, 0.5, -1.0, 3.0]])
-        >>> log_probs, tokens = LogProbs.of(logits).most_probable(2)
-        >>> expected = tf.math.top_k(tf.nn.log_softmax(logits), 2)
-        >>> tokens.numpy().tolist(), bool(tf.reduce_all(
-        ...     tf.abs(log_probs - expected.values) < 1e-6))
-        ([[3, 0]], True)
+        >>> logits = tf.constant([[2.0, 0.5, -1.0, 3.0], [0.0, 4.0, 0.0, 0.0]])
+        >>> live = tf.math.log([[0.5, 0.25]])
+        >>> _, beams, tokens = LogProbs.of(logits).best_extensions(live, 3, never=(0,))
+        >>> expected = tf.math.top_k(tf.reshape(
+        ...     tf.transpose(live) + tf.nn.log_softmax(logits), [1, 8]) - [[1e9, 0, 0, 0] * 2], 3)
+        >>> beams.numpy().tolist(), tokens.numpy().tolist(), expected.indices.numpy().tolist()
+        ([[0, 1, 0]], [[3, 1, 1]], [[3, 5, 1]])
         """
-        probabilities, tokens = top_k(self.probabilities, k)
+        vocab = self.logits.shape[-1]
+        size = group_size(vocab) if vocab is not None else None
+        if not size or vocab // size < 4:
+            return self._best_per_row(live, k, never)
+        return self._best_of_groups(live, k, never, size)
+
+    def _best_per_row(self, live, k, never):
+        """best_extensions from each row's k + len(never) most probable tokens: a
+        sentence's k best hold at most k of one beam."""
+        n, beam = tf.shape(live)[0], tf.shape(live)[1]
+        per_row = k + len(never)
+        vocab = self.logits.shape[-1] or tf.shape(self.logits)[-1]
+        if tf.is_tensor(per_row) or tf.is_tensor(vocab):
+            per_row = tf.minimum(per_row, vocab)
+        else:
+            per_row = min(per_row, vocab)
+        probabilities, tokens = top_k(self.probabilities, per_row)  # [n * beam, per_row]
         logits = tf.gather(self.logits, tokens, batch_dims=1)
-        return logits - (logits[:, :1] - tf.math.log(probabilities[:, :1])), tokens
+        log_probs = logits - _norms(logits[:, :1], probabilities[:, :1])
+        values = live[:, :, None] + tf.reshape(
+            tf.where(is_any(tokens, never), float("-inf"), log_probs),
+            tf.stack([n, beam, per_row]))
+        top, position = tf.math.top_k(tf.reshape(values, tf.stack([n, beam * per_row])), k)
+        return top, position // per_row, tf.gather(
+            tf.reshape(tokens, tf.stack([n, beam * per_row])), position, batch_dims=1)
+
+    def _best_of_groups(self, live, k, never, size):
+        """best_extensions by groups of `size` tokens (a divisor of the vocabulary)."""
+        n, beam = tf.shape(live)[0], tf.shape(live)[1]
+        groups = self.logits.shape[-1] // size
+        grouped = tf.reshape(self.probabilities, [-1, groups, size])  # [n * beam, ...]
+        maxima = tf.reduce_max(grouped, axis=-1)  # [n * beam, groups]
+        best_group = tf.argmax(maxima, axis=-1, output_type=tf.int32)  # ties: the lower
+        best_in_group = tf.argmax(tf.gather(grouped, best_group, batch_dims=1), axis=-1,
+                                  output_type=tf.int32)
+        best = (best_group * size + best_in_group)[:, None]
+        norms = _norms(tf.gather(self.logits, best, batch_dims=1),
+                       tf.gather(self.probabilities, best, batch_dims=1))[:, 0]  # [n * beam]
+        live = tf.reshape(live, [-1])
+        scores = live[:, None] + tf.math.log(_without(maxima, grouped, never, size))
+        _, chosen = tf.math.top_k(tf.reshape(scores, tf.stack([n, beam * groups])), k)
+        chosen = tf.sort(chosen, axis=-1)  # [n, k], in (beam, group) order for the ties
+        rows = chosen // groups + beam * tf.range(n)[:, None]
+        group = chosen % groups
+        tokens = group[:, :, None] * size + tf.range(size)  # [n, k, size]
+        # From the logits as they are: reshaped, TensorFlow's arithmetic optimizer would
+        # cast a second copy of the whole tensor (ReorderCastLikeAndValuePreserving).
+        logits = tf.gather_nd(self.logits, tf.stack(
+            [tf.broadcast_to(rows[:, :, None], tf.shape(tokens)), tokens], axis=-1))
+        values = tf.gather(live, rows)[:, :, None] + tf.where(
+            is_any(tokens, never), float("-inf"), logits - tf.gather(norms, rows)[:, :, None])
+        top, position = tf.math.top_k(tf.reshape(values, tf.stack([n, k * size])), k)
+        return (top, tf.gather(chosen // groups, position // size, batch_dims=1),
+                tf.gather(tf.reshape(tokens, tf.stack([n, k * size])), position,
+                          batch_dims=1))
 
     def normalized(self):
         """The log-probs float32 [rows, vocab]."""
         return tf.nn.log_softmax(self.logits, axis=-1)
+
+
+def _norms(logits, probabilities):
+    """Each row's log-sum-exp, read off its most probable token's logits and
+    probabilities float32 [rows, 1]: the logit minus the log of the probability, which
+    is at least 1 / vocab and never underflows."""
+    return logits - tf.math.log(probabilities)
+
+
+def is_any(tokens, ids):
+    """bool, tokens' shape: each token is one of ids (Python ints)."""
+    found = [tokens == id_ for id_ in ids]
+    return functools.reduce(tf.logical_or, found) if found else tf.zeros_like(tokens, tf.bool)
+
+
+def _without(maxima, grouped, ids, size):
+    """maxima float32 [rows, groups] of probabilities grouped [rows, groups, size], with
+    the groups holding any of ids (Python ints) taken again without those."""
+    for group in sorted({id_ // size for id_ in ids}):
+        tokens = group * size + tf.range(size)
+        again = tf.reduce_max(tf.where(is_any(tokens, ids), 0.0, grouped[:, group]), axis=-1)
+        maxima = tf.concat([maxima[:, :group], again[:, None], maxima[:, group + 1:]], 1)
+    return maxima
 
 
 def as_log_probs(log_probs):

@@ -1,6 +1,7 @@
 """The k largest entries of each row of a vocabulary-wide tensor, as tf.math.top_k gives
-them, in two small passes instead of one over every entry: what beam search
-(keras_transformer/beam.py) and sampling's top-k / top-p (sampling.py) rank by.
+them, in two small passes instead of one over every entry: what sampling's top-k / top-p
+(sampling.py) and beam search over plain log-probs (keras_transformer/beam.py) rank by;
+LogProbs.best_extensions (log_probs.py) groups a vocabulary the same way (`group_size`).
 TensorFlow's CPU top-k walks every entry of a row one at a time."""
 
 import math

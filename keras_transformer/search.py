@@ -54,6 +54,7 @@ from typing import NamedTuple, Optional
 import tensorflow as tf
 
 from keras_transformer.config import LENGTH_PENALTIES, DecodeConfig
+from keras_transformer.log_probs import is_any
 from keras_transformer.shortlist import from_candidates, to_candidates
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 
@@ -200,6 +201,8 @@ class TokenRules(NamedTuple):
     prefix: Optional[TargetPrefix] = None
     vocabulary: Optional[tf.Tensor] = None
 
+    NEVER = (PAD_ID, BOS_ID)  # the tokens no output holds
+
     @classmethod
     def of(cls, step, config: DecodeConfig):
         """(the rules of a step's sentences under `config`, the outputs' width): the
@@ -225,7 +228,7 @@ class TokenRules(NamedTuple):
         row's sentence (default: row r is sentence r)."""
         log_probs = self.force_prefix(log_probs, position, rows)
         token = tf.range(tf.shape(log_probs)[-1])
-        may = (token != PAD_ID) & (token != BOS_ID)
+        may = ~is_any(token, self.NEVER)
         at_max = self.at_max(position + 1, rows)[:, None]
         may = tf.where(at_max, token == EOS_ID, may)
         return tf.where(may, tf.where(at_max, 0.0, log_probs), float("-inf"))
@@ -245,12 +248,31 @@ class TokenRules(NamedTuple):
         row's sentence. PAD and BOS go to -inf (so k - 2 candidates stay), and at the
         maximum length EOS, scoring 0, is each row's one candidate. Returns (best, tokens),
         the same shapes."""
-        best = tf.where((tokens == PAD_ID) | (tokens == BOS_ID), float("-inf"), best)
+        best = tf.where(is_any(tokens, self.NEVER), float("-inf"), best)
         at_max = self.at_max(length, rows)[:, None]  # [rows, 1]
         first = tf.range(tf.shape(best)[-1]) == 0
         best = tf.where(at_max, tf.where(first, 0.0, float("-inf")), best)
         tokens = tf.where(at_max, tf.where(first, EOS_ID, PAD_ID), tokens)
         return best, tokens
+
+    def apply_to_extensions(self, log_probs, beams, tokens, live, length, sentences):
+        """The maximum length's rule on each sentence's best extensions, for a search that
+        ranks a sentence's beams at once (LogProbs.best_extensions, which leaves out
+        NEVER): at the maximum length each live beam's one extension is EOS, scoring 0.
+
+        log_probs float32 [n, k >= beam] (live + token), beams and tokens int32 [n, k]:
+        the extensions, best first, of outputs of `length` tokens; live float32 [n, beam]:
+        the beams' log-probs, best first; sentences int32 [n]: each sentence's index.
+        Returns (log_probs, beams, tokens), the same shapes."""
+        n, beam = tf.shape(live)[0], tf.shape(live)[1]
+        rest = tf.stack([n, tf.shape(log_probs)[1] - beam])
+        at_max = self.at_max(length, sentences)[:, None]  # [n, 1]
+        return (tf.where(at_max, tf.concat([live, tf.fill(rest, float("-inf"))], 1),
+                         log_probs),
+                tf.where(at_max, tf.concat([tf.tile(tf.range(beam)[None], tf.stack([n, 1])),
+                                            tf.zeros(rest, tf.int32)], 1), beams),
+                tf.where(at_max, tf.concat([tf.fill(tf.stack([n, beam]), EOS_ID),
+                                            tf.fill(rest, PAD_ID)], 1), tokens))
 
     def at_max(self, length, rows=None):
         """bool [rows]: outputs of `length` tokens (EOS counted) are at their maximum."""
