@@ -273,9 +273,9 @@ def parse_args(argv):
                      help="also time one sentence with our fastest setup and CTranslate2 "
                      "float32 taking turns request by request")
     ct2.add_argument("--throughput_rounds", type=int, default=8,
-                     help="with --turns, also time throughput taking turns: our fastest "
-                     "export and CTranslate2 int8 and float32, all loaded at once, one pass "
-                     "each per round over the sentences sorted by length (0: not)")
+                     help="also time throughput taking turns (with --no-turns too): our "
+                     "fastest export and CTranslate2 int8 and float32, all loaded at once, one "
+                     "pass each per round over the sentences sorted by length (0: not)")
     ct2.add_argument("--turn_pause", type=float, default=0.25, help="seconds between two "
                      "requests when taking turns (default 0.25): CTranslate2's OpenMP threads (Intel "
                      "OpenMP's default KMP_BLOCKTIME is 200 ms) and TensorFlow's pool keep "

@@ -103,7 +103,7 @@ def measure(args, search: dict):
     turns = {"latency": {}, "throughput": {}}
     if args.turns:
         turns["latency"] = latency_turns(args, search)
-    if args.turns and args.throughput_rounds:
+    if args.throughput_rounds:
         turns["throughput"] = throughput_turns(args, search)
     return results, turns
 
