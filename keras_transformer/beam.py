@@ -28,8 +28,9 @@ import tensorflow as tf
 
 from keras_transformer import stopping
 from keras_transformer.config import DecodeConfig
+from keras_transformer.log_probs import (LogProbs, as_log_probs, best_of_beams,
+                                         candidates_per_row)
 from keras_transformer.ranking import top_k
-from keras_transformer.log_probs import LogProbs, as_log_probs
 from keras_transformer.search import (DecodeResult, TokenRules, first_tokens, growing_shapes,
                                       write_tokens)
 from keras_transformer.search import length_penalty as lp
@@ -303,20 +304,13 @@ def _best_extensions(rules, log_probs, live_log_probs, length, sentences, k):
         return rules.apply_to_extensions(
             *log_probs.best_extensions(live_log_probs, k, rules.NEVER), live_log_probs,
             length, sentences)
-    n, beam = tf.shape(live_log_probs)[0], tf.shape(live_log_probs)[1]
     # A sentence's k best hold at most k of one beam, so each beam's k best tokens
     # suffice, plus 2 for PAD and BOS: two small top-ks instead of masking, adding to
     # and ranking all beam * vocab candidates.
-    vocab = log_probs.shape[-1] or tf.shape(log_probs)[-1]
-    per_beam = (tf.minimum(k + 2, vocab) if tf.is_tensor(k) or tf.is_tensor(vocab)
-                else min(k + 2, vocab))
-    best, tokens = rules.apply_to_best(*top_k(log_probs, per_beam), length,
-                                       tf.repeat(sentences, beam))  # [n * beam, per_beam]
-    candidates = live_log_probs[:, :, None] + tf.reshape(best, tf.stack([n, beam, per_beam]))
-    top_log_probs, top = tf.math.top_k(tf.reshape(candidates, tf.stack([n, beam * per_beam])),
-                                       k)
-    tokens = tf.gather(tf.reshape(tokens, tf.stack([n, beam * per_beam])), top, batch_dims=1)
-    return top_log_probs, top // per_beam, tokens
+    best, tokens = rules.apply_to_best(
+        *top_k(log_probs, candidates_per_row(k, rules.NEVER, log_probs)), length,
+        tf.repeat(sentences, tf.shape(live_log_probs)[1]))  # [n * beam, per row]
+    return best_of_beams(live_log_probs, best, tokens, k)
 
 
 def _store(results, sentences, hypotheses):

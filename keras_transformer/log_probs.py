@@ -73,22 +73,12 @@ class LogProbs(NamedTuple):
     def _best_per_row(self, live, k, never):
         """best_extensions from each row's k + len(never) most probable tokens: a
         sentence's k best hold at most k of one beam."""
-        n, beam = tf.shape(live)[0], tf.shape(live)[1]
-        per_row = k + len(never)
-        vocab = self.logits.shape[-1] or tf.shape(self.logits)[-1]
-        if tf.is_tensor(per_row) or tf.is_tensor(vocab):
-            per_row = tf.minimum(per_row, vocab)
-        else:
-            per_row = min(per_row, vocab)
-        probabilities, tokens = top_k(self.probabilities, per_row)  # [n * beam, per_row]
-        logits = tf.gather(self.logits, tokens, batch_dims=1)
+        probabilities, tokens = top_k(self.probabilities,
+                                      candidates_per_row(k, never, self.logits))
+        logits = tf.gather(self.logits, tokens, batch_dims=1)  # [n * beam, per row]
         log_probs = logits - _norms(logits[:, :1], probabilities[:, :1])
-        values = live[:, :, None] + tf.reshape(
-            tf.where(is_any(tokens, never), float("-inf"), log_probs),
-            tf.stack([n, beam, per_row]))
-        top, position = tf.math.top_k(tf.reshape(values, tf.stack([n, beam * per_row])), k)
-        return top, position // per_row, tf.gather(
-            tf.reshape(tokens, tf.stack([n, beam * per_row])), position, batch_dims=1)
+        return best_of_beams(live, tf.where(is_any(tokens, never), float("-inf"), log_probs),
+                             tokens, k)
 
     def _best_of_groups(self, live, k, never, size):
         """best_extensions by groups of `size` tokens (a divisor of the vocabulary)."""
@@ -123,6 +113,34 @@ class LogProbs(NamedTuple):
     def normalized(self):
         """The log-probs float32 [rows, vocab]."""
         return tf.nn.log_softmax(self.logits, axis=-1)
+
+
+def candidates_per_row(k, never, rows):
+    """How many of each row's best tokens hold a sentence's k best extensions that are
+    not in `never`: k + len(never), at most the vocabulary of rows [rows, vocab]."""
+    per_row, vocab = k + len(never), rows.shape[-1] or tf.shape(rows)[-1]
+    if tf.is_tensor(per_row) or tf.is_tensor(vocab):
+        return tf.minimum(per_row, vocab)
+    return min(per_row, vocab)
+
+
+def best_of_beams(live, log_probs, tokens, k):
+    """The k best of n sentences' candidate extensions, best first, ranked by live +
+    log-prob (ties: lower beam, then the candidate's column).
+
+    Args:
+      live: float32 [n, beam], the live beams' log-probs.
+      log_probs, tokens: float32 and int32 [n * beam, m], each beam's m candidates (beam
+        adjacent rows per sentence).
+    Returns:
+      (log-probs float32 [n, k] (live + token), beams int32 [n, k], tokens int32 [n, k]).
+    """
+    n, beam = tf.shape(live)[0], tf.shape(live)[1]
+    m = tokens.shape[-1] or tf.shape(tokens)[-1]
+    values = live[:, :, None] + tf.reshape(log_probs, tf.stack([n, beam, m]))
+    top, position = tf.math.top_k(tf.reshape(values, tf.stack([n, beam * m])), k)
+    return top, position // m, tf.gather(tf.reshape(tokens, tf.stack([n, beam * m])),
+                                         position, batch_dims=1)
 
 
 def _norms(logits, probabilities):
