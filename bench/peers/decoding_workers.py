@@ -103,6 +103,11 @@ def throughput(translate, texts: List[str], batch_size: int, repeats: int, in_fl
     return len(texts) / best, outputs
 
 
+def by_length(texts: List[str]) -> List[str]:
+    """texts sorted by their number of words, as trainer.translate sends a file."""
+    return sorted(texts, key=lambda t: len(t.split()))
+
+
 def percentiles(times: List[float]):
     """(p50, p95) of a list of milliseconds."""
     times = sorted(times)
@@ -166,9 +171,8 @@ def worker(args):
         references = common.read_lines(args.ref, args.sentences or 0)
         result["file_rate"], outputs = throughput(translate, texts, batch_size, args.repeats,
                                                   in_flight)
-        result["sorted_rate"], _ = throughput(
-            translate, sorted(texts, key=lambda t: len(t.split())), batch_size, args.repeats,
-            in_flight)
+        result["sorted_rate"], _ = throughput(translate, by_length(texts), batch_size,
+                                              args.repeats, in_flight)
         import sacrebleu
         result["bleu"] = sacrebleu.corpus_bleu(outputs, [references]).score
         result["chrf"] = sacrebleu.corpus_chrf(outputs, [references]).score
@@ -178,7 +182,7 @@ def worker(args):
         return
     first = texts[:args.latency_sentences]
     result["latency"] = latency(translate, first)
-    result["sorted_latency"] = latency(translate, sorted(first, key=lambda t: len(t.split())))
+    result["sorted_latency"] = latency(translate, by_length(first))
     print(json.dumps(result))
 
 
@@ -190,10 +194,10 @@ def serve(translate, texts: List[str], batch_size, in_flight: int):
     the sentences per second of that pass."""
     translate(texts[:1])
     print("ready", flush=True)
-    by_length = sorted(texts, key=lambda t: len(t.split()))
+    texts_by_length = by_length(texts)
     for line in sys.stdin:
         if line.strip() == "sorted":
-            rate, _ = throughput(translate, by_length, batch_size, 1, in_flight)
+            rate, _ = throughput(translate, texts_by_length, batch_size, 1, in_flight)
             print(f"{rate:.3f}", flush=True)
         else:
             text = texts[int(line)]
