@@ -47,8 +47,8 @@ def test_best_extensions_are_one_top_k_over_every_beams_candidates(vocab):
     beams and tokens in the same order, ties going to the lower beam then token, and the
     same log-probs. Rows where PAD or BOS is the most probable token, where ties span
     groups and beams, and sentences with dead beams (-inf) included; k fixed and a
-    tensor. 97 tokens have no group size and an unknown vocabulary takes one top-k: the
-    results are the same."""
+    tensor. 97 tokens have no group size and an unknown vocabulary (a shortlist's) none:
+    both rank each row's most probable tokens first, with the same results."""
     size = vocab or 300
     n, beam, never = 6, 4, (0, 2)
     rng = np.random.default_rng(7)
