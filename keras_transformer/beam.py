@@ -37,6 +37,7 @@ from keras_transformer.search import length_penalty as lp
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 
 
+@tf.autograph.experimental.do_not_convert
 def beam_search(step, config=DecodeConfig(), num_hypotheses=None):
     """Beam search over `step` with `config`'s beam size, length penalty, stopping rule
     and output limits (section 6.1).

@@ -19,6 +19,7 @@ from keras_transformer.search import length_penalty as lp
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 
 
+@tf.autograph.experimental.do_not_convert
 def greedy_search(step, config=DecodeConfig()):
     """Greedy decoding: the most probable token at each step, until EOS.
 
@@ -46,6 +47,7 @@ def greedy_search(step, config=DecodeConfig()):
     return search_single_path(step, config, most_probable)
 
 
+@tf.autograph.experimental.do_not_convert
 def search_single_path(step, config=DecodeConfig(), choose=None, rows_per_sentence=1):
     """One output per row over any step (keras_transformer.search), until EOS: what greedy
     search and sampling share.

@@ -13,6 +13,7 @@ from keras_transformer.decoding import most_probable, search_single_path
 from keras_transformer.search import DecodeResult
 
 
+@tf.autograph.experimental.do_not_convert
 def sample_search(step, config=DecodeConfig(), seed=0, num_samples=1, temperature=1.0,
                   top_k=0, top_p=1.0):
     """Random sampling over any step (keras_transformer.search): num_samples outputs per

@@ -38,6 +38,7 @@ def shift_right(target_ids):
     return ops.where(target_ids == PAD_ID, ops.zeros_like(shifted), shifted)
 
 
+@tf.autograph.experimental.do_not_convert
 def sequence_log_probs(model, source_ids, target_ids):
     """log P(target | source) under teacher forcing: the sum of the log-softmax of each
     target token given BOS and the tokens before it.

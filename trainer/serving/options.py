@@ -17,7 +17,7 @@ class OptionSignatures:
     """The option signatures of `trainer.serving.translator.Translator`, which provides
     what they use: decode, source_ids, prefix_ids, step, search and _hypotheses."""
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string),
                                   tf.TensorSpec([None], tf.string),
                                   tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32),
                                   tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
@@ -68,7 +68,7 @@ class OptionSignatures:
                              self.prefix_ids(target_prefix))
         return self._hypotheses(source_ids, result, num_hypotheses)
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string),
                                   tf.TensorSpec([None], tf.string),
                                   tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
                                   tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32),

@@ -32,7 +32,7 @@ class XlaRoute:
     def __init__(self, translator: Translator):
         self.translator = translator
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string)])
     def translate(self, inputs):
         """tf.string [batch] -> {"translations": tf.string [batch], "scores": float32
         [batch]}, as Translator.translate; a request of up to MAX_BATCH sentences through
@@ -53,7 +53,7 @@ class XlaRoute:
         source_ids = tf.pad(source_ids, [[0, 0], [0, padded - width]])
         return source_ids, self._compiled_search(source_ids)
 
-    @tf.function(jit_compile=True)
+    @tf.function(autograph=False, jit_compile=True)
     def _compiled_search(self, source_ids):
         translator = self.translator
         step = TransformerStep(translator.model, source_ids, fixed_shapes=True)

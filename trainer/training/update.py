@@ -92,9 +92,10 @@ class Updater:
         # numbers differ from a shape's own trace in the last bits; so which trace a
         # shape gets depends on the shapes before it, unless every shape gets its own
         # (deterministic: a resumed run then computes what an uninterrupted one did).
-        self.accumulate = tf.function(self._accumulate, reduce_retracing=not run.deterministic)
-        self._apply_traced = tf.function(self._apply)
-        self.gradients = tf.function(self._gradients, jit_compile=run.jit_compile)
+        self.accumulate = tf.function(self._accumulate, autograph=False,
+                                      reduce_retracing=not run.deterministic)
+        self._apply_traced = tf.function(self._apply, autograph=False)
+        self.gradients = tf.function(self._gradients, autograph=False, jit_compile=run.jit_compile)
 
 
     def _gradients(self, source_ids, target_input_ids, target_output_ids):

@@ -38,7 +38,7 @@ class Validator:
         self.model, self.data, self.log = model, data, log
         # One trace for every batch shape.
         (source, target_input), target_output = data.eval_dataset().element_spec
-        self.batch_sums = tf.function(self._batch_sums, input_signature=[
+        self.batch_sums = tf.function(self._batch_sums, autograph=False, input_signature=[
             tf.TensorSpec([None, None], spec.dtype)
             for spec in (source, target_input, target_output)])
         self.writer = tf.summary.create_file_writer(os.path.join(model_dir, "eval"))
