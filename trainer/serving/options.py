@@ -17,11 +17,12 @@ class OptionSignatures:
     """The option signatures of `trainer.serving.translator.Translator`, which provides
     what they use: decode, source_ids, prefix_ids, step, search and _hypotheses."""
 
-    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string),
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
                                   tf.TensorSpec([None], tf.string),
                                   tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32),
                                   tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
-                                  tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.float32)])
+                                  tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.float32)],
+                 autograph=False)
     def translate_with_options(self, inputs, target_prefix, beam_size, alpha,
                                max_extra_length, num_hypotheses, stopping, patience):
         """Beam search with the client's settings, from one trace: `translate` (the
@@ -68,11 +69,12 @@ class OptionSignatures:
                              self.prefix_ids(target_prefix))
         return self._hypotheses(source_ids, result, num_hypotheses)
 
-    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string),
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
                                   tf.TensorSpec([None], tf.string),
                                   tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
                                   tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32),
-                                  tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int64)])
+                                  tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int64)],
+                 autograph=False)
     def sample(self, inputs, target_prefix, num_hypotheses, max_extra_length, temperature,
                top_k, top_p, seed):
         """Random translations (back-translation, diverse outputs): each token drawn from

@@ -112,7 +112,7 @@ class Translator(OptionSignatures, tf.Module):
         return beam_search(self.step(source_ids, target_prefix), decode or self.decode,
                            num_hypotheses)
 
-    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def translate(self, inputs):
         """tf.string [batch] -> {"translations": tf.string [batch], "scores": float32 [batch]};
         scores are the best hypothesis' log-probability / length penalty, 0 for an empty
@@ -127,7 +127,7 @@ class Translator(OptionSignatures, tf.Module):
             "translations": self.target_tokenizer.detokenize(result.ids[:, 0]),
             "scores": result.scores[:, 0]})
 
-    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)], autograph=False)
     def translate_ids(self, source_ids):
         """Beam search on token ids, for clients that tokenize themselves.
 
@@ -149,7 +149,7 @@ class Translator(OptionSignatures, tf.Module):
         return for_inputs(source_ids, {"ids": result.ids[:, 0], "lengths": result.lengths[:, 0],
                                        "scores": result.scores[:, 0]})
 
-    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def nbest(self, inputs):
         """The beam's hypotheses, best first: k = beam_size candidates per input.
 
@@ -174,8 +174,8 @@ class Translator(OptionSignatures, tf.Module):
                                        "scores": result.scores[:, :k],
                                        "log_probs": result.log_probs[:, :k]})
 
-    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string),
-                                  tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
+                                  tf.TensorSpec([None], tf.string)], autograph=False)
     def score(self, inputs, targets):
         """How probable the model finds each given translation (reranking, quality
         estimation), under teacher forcing.
@@ -201,7 +201,7 @@ class Translator(OptionSignatures, tf.Module):
                                                      self.decode.length_penalty),
                 "lengths": lengths}
 
-    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def attention(self, inputs):
         """The attention weights behind each translation (section 4: "individual attention
         heads clearly learn to perform different tasks").

@@ -32,7 +32,7 @@ class XlaRoute:
     def __init__(self, translator: Translator):
         self.translator = translator
 
-    @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def translate(self, inputs):
         """tf.string [batch] -> {"translations": tf.string [batch], "scores": float32
         [batch]}, as Translator.translate; a request of up to MAX_BATCH sentences through
