@@ -95,6 +95,7 @@ def examples(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
     The elements are rows of ragged batches (RaggedTensorSpec of rank 1).
     """
 
+    @tf.autograph.experimental.do_not_convert
     def encode_batch(source, target):  # tf.string [batch] each
         nonempty = sources_lib.is_nonempty(source, target)
         sequences = _encode(tokenizers, tf.boolean_mask(source, nonempty),
@@ -119,6 +120,7 @@ def batches(examples_dataset: tf.data.Dataset, config: DataConfig,
     batch_sizes = tf.constant(bucket_batch_sizes(config.max_len, config.batch_tokens), tf.int64)
 
     # The one function tf.data calls per pair; everything else runs per batch.
+    @tf.autograph.experimental.do_not_convert
     def bucket(source, target_output):
         length = tf.maximum(tf.size(source, tf.int64), tf.size(target_output, tf.int64))
         # The index of the smallest bucket length >= length.
@@ -131,12 +133,17 @@ def batches(examples_dataset: tf.data.Dataset, config: DataConfig,
         target_output_ids = pad(length, target_output)
         return (pad(length, source), shift_right(target_output_ids)), target_output_ids
 
+    @tf.autograph.experimental.do_not_convert
     def batch_bucket(key, window):
         return window.batch(batch_sizes[key], drop_remainder).map(
-            lambda source, target_output: model_inputs(lengths[key], source, target_output))
+            tf.autograph.experimental.do_not_convert(
+                lambda source, target_output: model_inputs(lengths[key], source, target_output)))
 
-    return examples_dataset.group_by_window(bucket, batch_bucket,
-                                            window_size_func=lambda key: batch_sizes[key])
+    @tf.autograph.experimental.do_not_convert
+    def batch_size(key):
+        return batch_sizes[key]
+
+    return examples_dataset.group_by_window(bucket, batch_bucket, window_size_func=batch_size)
 
 
 def train_dataset(pairs: Union[tf.data.Dataset, Sequence[tf.data.Dataset]],
@@ -214,6 +221,7 @@ def count_split(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
                 max_len: int) -> SplitCounts:
     """Counts read, empty and too long pairs with the pipeline's own predicates (one pass)."""
 
+    @tf.autograph.experimental.do_not_convert
     def count_batch(source, target):
         nonempty = sources_lib.is_nonempty(source, target)  # [batch]
         fits = _fits(max_len, *(ids.row_lengths() for ids in _encode(tokenizers, source, target)))
@@ -223,7 +231,8 @@ def count_split(pairs: tf.data.Dataset, tokenizers: tokenizer_lib.Tokenizers,
 
     totals = (pairs.batch(_TOKENIZE_BATCH)
               .map(count_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
-              .reduce(tf.zeros([3], tf.int64), lambda total, counts: total + counts))
+              .reduce(tf.zeros([3], tf.int64), tf.autograph.experimental.do_not_convert(
+                  lambda total, counts: total + counts)))
     read, empty, too_long = (int(n) for n in totals.numpy())
     return SplitCounts(read, empty, too_long)
 
@@ -338,7 +347,8 @@ def build(source: sources_lib.Source, model_dir: str, config: DataConfig = DataC
     counts = {"train": sum(train[1:], train[0]),
               eval_split: count_split(source.pairs(eval_split), tokenizers, config.max_len)}
     if counts["train"].kept == 0:
-        raise DataError(f"no training pair left: train: {counts['train']} (max_len={config.max_len})")
+        raise DataError(f"no training pair left: train: {counts['train']} "
+                        f"(max_len={config.max_len})")
     train_corpora = ({corpus.name: c for corpus, c in zip(corpora, train)}
                      if len(corpora) > 1 else {})
     for name, corpus_counts in train_corpora.items():

@@ -52,6 +52,7 @@ def _lines(side: Side, indices: tf.Tensor) -> tf.Tensor:
 def _read(pairs: tf.data.Dataset) -> Tuple[Side, Side]:
     """The (source, target) sides of a dataset of tf.string scalar pairs, in memory."""
 
+    @tf.autograph.experimental.do_not_convert
     def joined(*sides):  # tf.string [batch] each -> (its lines joined, their lengths) each
         return tuple((tf.strings.reduce_join(lines), tf.strings.length(lines)) for lines in sides)
 
@@ -91,9 +92,11 @@ def shuffled(pairs: tf.data.Dataset, seed: Optional[int] = None,
     size = int(tf.size(source[1])) - 1
     seed = random.randrange(1 << 62) if seed is None else seed
 
+    @tf.autograph.experimental.do_not_convert
     def blocks(epoch):  # int64 scalar -> a dataset of int64 [<= _BLOCK], the epoch's order
         return tf.data.Dataset.from_tensor_slices(permutation(size, seed, epoch)).batch(_BLOCK)
 
+    @tf.autograph.experimental.do_not_convert
     def block(order):  # int64 [k] -> (tf.string [k],) * 2
         return _lines(source, order), _lines(target, order)
 

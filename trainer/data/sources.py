@@ -320,14 +320,15 @@ class TfdsSource(Source):
             if split in self._builder.info.splits:
                 self._sizes[split] = self._builder.info.splits[split].num_examples
             else:
-                self._sizes[split] = int(self._split_pairs(split).reduce(0, lambda n, _: n + 1))
+                self._sizes[split] = int(self._split_pairs(split).reduce(
+                    0, tf.autograph.experimental.do_not_convert(lambda n, _: n + 1)))
         return self._sizes[split]
 
     def _split_pairs(self, split):
         examples = self._builder.as_dataset(split=split, shuffle_files=False)
-        return examples.map(lambda example: (example[self._source_lang],
-                                             example[self._target_lang]),
-                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return examples.map(tf.autograph.experimental.do_not_convert(
+            lambda example: (example[self._source_lang], example[self._target_lang])),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     def _corpora(self, split):
         key = f"{self.description} {self._builder.data_dir} {split} {self.size(split)}"
