@@ -93,6 +93,27 @@ def test_two_accumulated_batches_give_the_update_of_one_double_batch(data, tmp_p
     assert sum(mismatched) <= 1e-4 * sum(a.size for a in after_a), mismatched
 
 
+def test_the_forward_and_backward_pass_is_traced_once_for_every_shape_of_batch(data, tmp_path):
+    """Batches of three shapes: one trace of the gradients (a trace is seconds of a run's
+    start), and each batch's gradient sums as a trainer seeing only that batch adds."""
+    (source, target_in), target_out = next(iter(data.eval_dataset()))
+    shapes = [(4, source.shape[1]), (3, source.shape[1] - 1), (5, source.shape[1] - 2)]
+    batches = [((source[:rows, :length], target_in[:rows, :length]), target_out[:rows, :length])
+               for rows, length in shapes]
+    trainer = make_trainer(data, tmp_path, "shapes")
+    iterator = distributed(trainer, *batches)
+    sums = []
+    for _ in batches:
+        trainer.update.accumulate(next(iterator))
+        sums.append([g.numpy() for g in trainer.update.gradient_sums])
+    assert trainer.update.gradients.experimental_get_tracing_count() == 1
+    alone = make_trainer(data, tmp_path, "alone")
+    alone.update.accumulate(next(distributed(alone, batches[2])))
+    noise = 1e-6 * max(np.abs(total).max() for total in sums[2])  # float32 sums' rounding
+    for total, before, single in zip(sums[2], sums[1], alone.update.gradient_sums):
+        np.testing.assert_allclose(total - before, single.numpy(), rtol=1e-4, atol=noise)
+
+
 def test_the_learning_rate_factor_scales_adams_step_and_the_reported_rate(data, tmp_path):
     """apply(f) takes Adam's step at f times the schedule's rate: the weights move f times
     as far as with f = 1 (Adam's first step is proportional to its rate), and the reported

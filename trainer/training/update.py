@@ -95,7 +95,12 @@ class Updater:
         self.accumulate = tf.function(self._accumulate, autograph=False,
                                       reduce_retracing=not run.deterministic)
         self._apply_traced = tf.function(self._apply, autograph=False)
-        self.gradients = tf.function(self._gradients, autograph=False, jit_compile=run.jit_compile)
+        # One trace of the forward and backward pass for every shape of batch: a caller's
+        # trace per shape (above) calls it. XLA needs static shapes: a trace per shape.
+        ids = tf.TensorSpec([None, None], tf.int32)
+        self.gradients = tf.function(
+            self._gradients, autograph=False, jit_compile=run.jit_compile,
+            input_signature=None if run.jit_compile else [ids, ids, ids])
 
 
     def _gradients(self, source_ids, target_input_ids, target_output_ids):
