@@ -41,3 +41,36 @@ def test_flags_start_from_their_defaults_in_every_call(tmp_path):
     second = program("task", "--batch_tokens=32", f"--model_dir={taken}")
     assert second.stderr.startswith("trainer.task: error: batch_tokens=32 is less than "
                                     f"max_len={DataConfig.max_len}:"), second.stderr
+
+
+# A program whose main returns: what it printed, and a file its exit handler writes.
+_RETURNING = """
+import atexit, os, sys
+from trainer import cli
+
+def main(argv):
+    marker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "marker")
+    atexit.register(lambda: open(marker, "w").write("exit handler ran"))
+    print("the program's last line")
+
+sys.argv = ["returning"]
+cli.run(main)
+"""
+
+
+@pytest.mark.parametrize("profiled", [False, True], ids=["plain", "under_cprofile"])
+def test_a_program_whose_main_returns_ends_with_its_output_and_exit_handlers(profiled,
+                                                                            tmp_path):
+    """run ends the process without the interpreter's teardown once main returns: status
+    0, stdout (a pipe, so buffered) all there, the exit handlers run; under cProfile,
+    which writes its profile once the program is over, the profile is there too."""
+    script, marker, profile = tmp_path / "returning.py", tmp_path / "marker", tmp_path / "prof"
+    script.write_text(_RETURNING)
+    command = [sys.executable, *(["-m", "cProfile", "-o", str(profile)] if profiled else []),
+               str(script)]
+    env = {k: v for k, v in _env().items() if k != "PYTHONUNBUFFERED"}  # Python's default
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert (result.returncode, result.stdout) == (0, "the program's last line\n"), result.stderr
+    assert marker.read_text() == "exit handler ran"
+    assert profile.exists() == profiled

@@ -82,7 +82,11 @@ def _exit_done():
     (the quiet console passes on what is left in its pipe, logging flushes), and the
     process ends without the interpreter's teardown of TensorFlow's objects, which
     took 1.3-1.8 s after a short training run and does nothing a program needs: every file
-    a program writes is written and closed (or flushed) by the time its main returns."""
+    a program writes is written and closed (or flushed) by the time its main returns.
+    Under a profiler or a tracer (cProfile, a debugger, coverage), which may write what it
+    gathered once the program is over, Python's own exit."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        return
     sys.stdout.flush()
     atexit._run_exitfuncs()  # the handlers Python's own exit runs
     sys.stdout.flush()
