@@ -87,7 +87,6 @@ def _exit_done():
     gathered once the program is over, Python's own exit."""
     if sys.getprofile() is not None or sys.gettrace() is not None:
         return
-    sys.stdout.flush()
     atexit._run_exitfuncs()  # the handlers Python's own exit runs
     sys.stdout.flush()
     sys.stderr.flush()
