@@ -1,12 +1,12 @@
-"""Shared test set-up: quiet TensorFlow logs, where the Multi30k files are (and the skip of
-a test that reads them where they are not), and what a test run builds once for all its
-tests and workers (`built_once`): one tiny model trained and exported by the real
-`python -m trainer.task` (the fixtures `exported`, `loaded`, `translator`,
-`sentencepiece`), which every export, signature and CLI test shares, and the README's main
-job (`main_job`). Also what several test files share, so that no test module imports another: the decoding
-tests' copy task (`copy_model`, `copy_sources`, `decode`, ...), the training tests' `data`,
-`make_trainer` and `one_update`, and the task tests' `QUICK` flags and model-directory readers
-(`summaries`, `checkpoint_weights`, `exported_weights`, `latest_step`, `free_port`)."""
+"""Shared test set-up: quiet TensorFlow logs, where the Multi30k files are (and the skip of a test
+that reads them where they are not), and what a test run builds once for all its tests and workers
+(`built_once`): one tiny model trained and exported by the real `python -m trainer.task` (the
+fixtures `exported`, `loaded`, `translator`, `sentencepiece`), which every export, signature and CLI
+test shares, and the README's main job (`main_job`). Also what several test files share, so that no
+test module imports another: the decoding tests' copy task (`copy_model`, `copy_sources`, `decode`,
+...), the training tests' `data`, `make_trainer` and `one_update`, and the task tests' `QUICK` flags
+and model-directory readers (`summaries`, `checkpoint_weights`, `exported_weights`, `latest_step`,
+`free_port`)."""
 
 import dataclasses
 import fcntl
