@@ -277,8 +277,8 @@ def parse_args(argv):
                      "fastest export and CTranslate2 int8 and float32, all loaded at once, one "
                      "pass each per round over the sentences sorted by length (0: not)")
     ct2.add_argument("--turn_pause", type=float, default=0.25, help="seconds between two "
-                     "requests when taking turns (default 0.25): CTranslate2's OpenMP threads (Intel "
-                     "OpenMP's default KMP_BLOCKTIME is 200 ms) and TensorFlow's pool keep "
+                     "requests when taking turns (default 0.25): CTranslate2's OpenMP threads "
+                     "(Intel OpenMP's default KMP_BLOCKTIME is 200 ms) and TensorFlow's pool keep "
                      "spinning after a call, so with 20 ms between requests each engine's "
                      "spinning threads steal the next request's cores")
     ct2.add_argument("--worker", help=argparse.SUPPRESS)  # engine:precision:threads

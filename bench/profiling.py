@@ -24,14 +24,14 @@ exported beam search?
     request by request (the sums of each sentence's best and median time). About 2 minutes.
 
 One more call of each runs under the TensorFlow profiler, whose kernel times are summed by
-op type from its trace (common.kernel_profile). For the search, a second table sums them by
-what they do in a decode step (`ROLES`: the matmuls of each sublayer, softmax and top-k, beam
-bookkeeping, the rest), per step: the decoder's ops carry their sublayer's name scope. On 2 cores TensorFlow runs two ops at once,
-so kernel time can exceed wall time; the "executor outside kernels" row is the time the
-executor threads spent outside any kernel (scheduling, allocation, the while loop's control
-flow): per-op dispatch. (The file is not called profile.py: bench/ comes first on sys.path,
-and TensorFlow imports the standard library's `profile`.) Not a test: run it by hand from
-the repository root.
+op type from its trace (common.kernel_profile). For the search, a second table sums them by what
+they do in a decode step (`ROLES`: the matmuls of each sublayer, softmax and top-k, beam
+bookkeeping, the rest), per step: the decoder's ops carry their sublayer's name scope. On 2
+cores TensorFlow runs two ops at once, so kernel time can exceed wall time; the "executor
+outside kernels" row is the time the executor threads spent outside any kernel (scheduling,
+allocation, the while loop's control flow): per-op dispatch. (The file is not called profile.py:
+bench/ comes first on sys.path, and TensorFlow imports the standard library's `profile`.) Not a
+test: run it by hand from the repository root.
 """
 
 import argparse

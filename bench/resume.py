@@ -303,7 +303,8 @@ def print_preemption_table(rows):
         ["signalled after", "update in flight logged", "last line", "exit", "the last line"],
         [[f"{after} updates", in_flight, f"{said:.1f} s", f"{seconds:.1f} s", f"`{last}`"]
          for after, in_flight, said, seconds, last in rows],
-        text_columns=(0, 4), title="\nFrom SIGTERM to exit, the Multi30k recipe's flags on Multi30k "
+        text_columns=(0, 4),
+        title="\nFrom SIGTERM to exit, the Multi30k recipe's flags on Multi30k "
         "(the update in flight's progress line, the program's last line, the exit):")
 
 

@@ -79,13 +79,13 @@ class SharedEmbedding(keras.layers.Layer):
           "bias" [vocab_size] when there is an output bias; or
         - in other compute dtypes, "output_matrix", the same matrix as the projection's
           rows (a shortlist keeps a few of them: `restrict_step_weights`), and "bias"
-          [vocab_size], the output bias or, without one, zeros. The paper's projection has no bias (section 3.4), but a matmul followed
-          by a bias is what TensorFlow hands to oneDNN's fused matmul, and that kernel
-          keeps the matrix in its own bfloat16 layout from one step to the next when
-          serving runs with TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1; the plain matmul lays it out again at
-          every step (docs/performance-notes.md, "The projection's copy and the head
-          splits"). The matrix is read with transpose_b: in bfloat16 oneDNN does that as
-          fast, and it skips the transposed copy.
+          [vocab_size], the output bias or, without one, zeros. The paper's projection has no
+          bias (section 3.4), but a matmul followed by a bias is what TensorFlow hands to
+          oneDNN's fused matmul, and that kernel keeps the matrix in its own bfloat16 layout
+          from one step to the next when serving runs with TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1;
+          the plain matmul lays it out again at every step (docs/performance-notes.md, "The
+          projection's copy and the head splits"). The matrix is read with transpose_b: in
+          bfloat16 oneDNN does that as fast, and it skips the transposed copy.
         """
         matrix = tf.cast(tf.convert_to_tensor(self.embeddings), self.compute_dtype)
         bias = (tf.cast(tf.convert_to_tensor(self.bias), self.compute_dtype)

@@ -164,8 +164,8 @@ def test_warmup_file_holds_a_request_per_signature_that_the_export_answers(expor
 def test_export_cli_averages_into_the_next_version_that_appears_only_complete(exported,
                                                                                tmp_path):
     """While `python -m trainer.export --average_last=2` runs (its main, in this process: the
-    watcher is a thread beside it), every version directory that is visible is complete: the export is staged and renamed. Its version is one more than
-    the highest there."""
+    watcher is a thread beside it), every version directory that is visible is complete: the
+    export is staged and renamed. Its version is one more than the highest there."""
     export_dir = tmp_path / "export"
     (export_dir / "7").mkdir(parents=True)  # an older version
     (export_dir / "10.txt").write_text("not a version")

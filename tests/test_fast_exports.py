@@ -111,7 +111,8 @@ for path in sys.argv[1:]:
     translate = tf.saved_model.load(path).signatures["serving_default"]
     out = []
     for i in range(0, len(texts), 100):
-        out += [t.decode() for t in translate(inputs=tf.constant(texts[i:i + 100]))["translations"].numpy()]
+        batch = translate(inputs=tf.constant(texts[i:i + 100]))["translations"].numpy()
+        out += [t.decode() for t in batch]
     outputs[path] = out
 print(json.dumps(outputs))
 """

@@ -1,4 +1,5 @@
-"""The input pipeline: batches within the token budget, every pair once per epoch, nothing lost silently."""
+"""The input pipeline: batches within the token budget, every pair once per epoch, nothing lost
+silently."""
 
 import collections
 import dataclasses

@@ -55,7 +55,8 @@ def test_invalid_utf8_line_number_is_right_past_the_first_block(tmp_path):
     lines[100_000] = b"ok \xc3\x28 not\n"
     path = write(tmp_path / "big.de", b"".join(lines))
     assert len(line) * 200_000 > sources._BLOCK_BYTES
-    with pytest.raises(DataError, match=r"line 100001: invalid UTF-8 \(byte 0xc3 at byte column 4\)"):
+    with pytest.raises(DataError,
+                       match=r"line 100001: invalid UTF-8 \(byte 0xc3 at byte column 4\)"):
         sources.count_lines(path)
     lines[100_000] = line
     assert sources.count_lines(write(tmp_path / "good.de", b"".join(lines))) == 200_000

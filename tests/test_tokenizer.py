@@ -48,7 +48,8 @@ def test_multi30k_round_trips_exactly(tokenizer):
 
 
 def test_round_trip_applies_only_nfkc_and_whitespace_normalisation(tokenizer):
-    sentences = ["  Two   dogs\tplay ", "ﬁsh and chips…", "Ｆｕｌｌ width", "Zoe\u0301 café"]
+    sentences = ["  Two   dogs\tplay ", "ﬁsh and chips…", "Ｆｕｌｌ width",
+                 "Zoe\u0301 café"]
     expected = [" ".join(unicodedata.normalize("NFKC", s).split()) for s in sentences]
     assert expected == ["Two dogs play", "fish and chips...", "Full width", "Zoé café"]
     assert round_trip(tokenizer, sentences) == expected

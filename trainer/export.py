@@ -25,9 +25,9 @@ from trainer.serving.shortlist import ShortlistChoice
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Model directory of python -m trainer.task.")
-flags.DEFINE_enum("format", "saved_model", tuple(exporters.FORMATS), "What to write: a SavedModel version "
-                  "(TF Serving), a CTranslate2 model directory, or a Hugging Face Marian "
-                  "checkpoint (Transformers' MarianMTModel).")
+flags.DEFINE_enum("format", "saved_model", tuple(exporters.FORMATS),
+                  "What to write: a SavedModel version (TF Serving), a CTranslate2 model "
+                  "directory, or a Hugging Face Marian checkpoint (Transformers' MarianMTModel).")
 flags.DEFINE_string("export_dir", None, "Where SavedModel versions go (default "
                     "saved_models/<name of model_dir>), or the CTranslate2 model directory "
                     "(default saved_models/<name of model_dir>-ctranslate2-<quantization>), "

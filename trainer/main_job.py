@@ -86,9 +86,9 @@ def train_and_export(model_config: TransformerConfig, data_config: DataConfig, r
     model_config's vocabulary size is replaced by the trained vocabulary's. After the
     export, logs the export's translation of the source's example sentence
     (`Source.example`). Returns the export's path (None without run.export_dir, or on
-    another worker than the chief). Raises DataError, VocabularyError or ValueError (the data or model
-    directory cannot serve this run, or another trainer holds its lock) before training,
-    TrainingError during it.
+    another worker than the chief). Raises DataError, VocabularyError or ValueError (the data
+    or model directory cannot serve this run, or another trainer holds its lock) before
+    training, TrainingError during it.
     """
     strategy = distribute.make_strategy(run.num_cpu_replicas)
     run = dataclasses.replace(run, precision=run.precision or distribute.default_precision())

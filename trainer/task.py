@@ -2,7 +2,8 @@
 
 With no flags it trains the tiny preset on the builtin number-words corpus (about 2 minutes
 of training on a 2-core CPU, 3 with TensorFlow's start, validation and the export), then
-translates the README's example through the export. Recipes: --flagfile=trainer/flagfiles/{builtin,multi30k,wmt14_base,wmt14_big}.cfg
+translates the README's example through the export. Recipes:
+--flagfile=trainer/flagfiles/{builtin,multi30k,wmt14_base,wmt14_big}.cfg
 
 This module only parses flags: they become a TransformerConfig, a DataConfig and a
 RunConfig with its DecodeConfig (checked before TensorFlow starts), which

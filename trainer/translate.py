@@ -124,7 +124,8 @@ def main(argv):
                      f"{len(lines)} input lines")
     try:
         translations = client.translate_lines(model, lines, FLAGS.batch_size, signature,
-                                              cli.TranslationProgress(len(lines)), prefixes, **options)
+                                              cli.TranslationProgress(len(lines)), prefixes,
+                                              **options)
     except tf.errors.InvalidArgumentError as e:
         # An option out of range: the signature's own message ("beam_size must be in ...").
         found = re.search(r"\w+ must be in \S+ \S+, got [^\]\s']+", e.message)

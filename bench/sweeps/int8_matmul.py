@@ -51,7 +51,8 @@ def quantized_matmul(q, q_min, q_max, kernel, kernel_scale, bias):
     loop's variables cannot be quantized types (no NextIteration kernel for them)."""
     _, _, op, _ = op_def_library._apply_op_helper(
         "_QuantizedMatMul", name="quantized_matmul", device_inputs=[],
-        host_inputs=[q, tf.bitcast(kernel, tf.qint8), bias, q_min, q_max, -127.0 * kernel_scale, 127.0 * kernel_scale],
+        host_inputs=[q, tf.bitcast(kernel, tf.qint8), bias, q_min, q_max,
+                     -127.0 * kernel_scale, 127.0 * kernel_scale],
         Thost_outputs=[tf.float32], Tdevice_outputs=[], T1=tf.qint8, T2=tf.qint8,
         Tbias=tf.float32, Tout=tf.float32, U=tf.float32, fused_ops=["BiasAdd", "Dequantize"],
         input_quant_mode="SCALED", output_quant_mode="SCALED", is_weight_const=True,

@@ -56,7 +56,8 @@ def measure(args) -> dict:
         for kind, queries, length in (("self", 1, args.cache_length),
                                       ("cross", args.beams, args.source_length)):
             groups = max(rows // queries, 1)
-            inputs = (normal([groups, queries, heads, depth]), normal([groups, heads, length, depth]),
+            inputs = (normal([groups, queries, heads, depth]),
+                      normal([groups, heads, length, depth]),
                       normal([groups, heads, length, depth]), tf.ones([groups, 1, 1, length], bool))
             for way, attention in WAYS.items():
                 results[f"{kind} {groups * queries} {way}"] = per_call_us(

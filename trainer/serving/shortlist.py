@@ -2,10 +2,10 @@
 corpus at export time (keras_transformer.shortlist), stored in the SavedModel for its beam
 searches, or written as CTranslate2's vocabulary map (vmap.txt, `use_vmap=True`).
 
-The corpus is two line-aligned text files (gzipped when their names end in .gz), tokenized with the model directory's own
-SentencePiece models. --shortlist_frequent (K) and --shortlist_per_source (M) default
-to the values chosen on Multi30k's val (docs/performance-notes.md, "A vocabulary
-shortlist").
+The corpus is two line-aligned text files (gzipped when their names end in .gz), tokenized
+with the model directory's own SentencePiece models. --shortlist_frequent (K) and
+--shortlist_per_source (M) default to the values chosen on Multi30k's val
+(docs/performance-notes.md, "A vocabulary shortlist").
 """
 
 import dataclasses
