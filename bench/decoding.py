@@ -43,14 +43,16 @@ the race is at equal rules when the exports were made with --length_penalty=aver
     which decides the ratio of two rows timed minutes apart; taking turns, both see the
     same minutes.
   - the same for throughput (--throughput_rounds, 8 by default): our fastest export for
-    it (--saved_model_shortlist if given, else --saved_model_bfloat16, else float32; with
+    it (--saved_model_shortlist if given, else --saved_model_int8_bfloat16, else
+    --saved_model_bfloat16, else float32; with
     the --env variables, two requests in flight of one thread each) and CTranslate2 int8
     and float32 (and with --vmap, both with their vocabulary map; two translators of one
     thread each), all loaded at once, each making one pass over the sentences sorted by
     length per round, the first to go rotating: ours over each as the geometric mean of
     the rounds' ratios.
   Rows: each SavedModel given (--saved_model float32, --saved_model_bfloat16 from
-  `python -m trainer.export --serving_dtype=bfloat16`, --previous_saved_model: the same
+  `python -m trainer.export --serving_dtype=bfloat16`, and so on for int8 and
+  int8_bfloat16; --previous_saved_model: the same
   checkpoints exported by earlier code, a before/after in one run; --xla: the translate_xla
   signature of both exports, exported with --xla, its single-sentence shapes warmed up
   before timing) and the CTranslate2 model directory of the same checkpoints (`python -m
@@ -256,6 +258,8 @@ def parse_args(argv):
                      "--serving_dtype=bfloat16")
     ct2.add_argument("--saved_model_int8", help="the same checkpoints exported with "
                      "--serving_dtype=int8")
+    ct2.add_argument("--saved_model_int8_bfloat16", help="the same checkpoints exported "
+                     "with --serving_dtype=int8_bfloat16 --calibration=FILE")
     ct2.add_argument("--saved_model_shortlist", help="the same checkpoints exported with "
                      "--shortlist (any --serving_dtype): its row is labelled shortlist")
     ct2.add_argument("--vmap", action="store_true", help="also run CTranslate2 float32 and "
@@ -364,6 +368,7 @@ def print_header(args, export, texts, loads):
         ("previous", args.previous_saved_model),
         ("bfloat16", args.saved_model_bfloat16),
         ("int8", args.saved_model_int8),
+        ("int8_bfloat16", args.saved_model_int8_bfloat16),
         ("shortlist", args.saved_model_shortlist and " ".join(
             f"{k}={v}" for k, v in common.Export(args.saved_model_shortlist).info.get(
                 "shortlist", {}).items())),

@@ -6,7 +6,7 @@ import keras
 from keras import ops
 import tensorflow as tf
 
-from keras_transformer.quantization import Int8Kernel, dense
+from keras_transformer.quantization import Int8Kernel, StaticInt8Kernel, dense
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -111,9 +111,8 @@ class SharedEmbedding(keras.layers.Layer):
         weights = {**weights, "candidates": ids}
         if "projection" in weights:
             projection = weights["projection"]
-            if isinstance(projection, Int8Kernel):
-                weights["projection"] = Int8Kernel(tf.gather(projection.values, ids, axis=1),
-                                                   tf.gather(projection.scales, ids))
+            if isinstance(projection, (Int8Kernel, StaticInt8Kernel)):
+                weights["projection"] = projection.columns(ids)
             else:
                 weights["projection"] = tf.gather(projection, ids, axis=1)
         else:

@@ -1,15 +1,22 @@
 """int8 weights for a decoding step: each projection's kernel stored as int8 with a scale
-per output column, its input quantized per row at run time, multiplied by oneDNN's int8
-matmul (`_QuantizedMatMul`, which the stock x86 TensorFlow wheel registers; the kernel
-Intel Neural Compressor's graphs run) with the dequantization fused.
+per output column, multiplied by oneDNN's int8 matmul (`_QuantizedMatMul`, which the stock
+x86 TensorFlow wheel registers; the kernel Intel Neural Compressor's graphs run) with the
+dequantization fused. Two ways to round its input, one per export:
+
+- `Int8Kernel` (`--serving_dtype=int8`): each input row by its own largest magnitude at run
+  time (CTranslate2's way), the rest of the step in float32. Computing a row's scale takes
+  seven TensorFlow ops around each matmul.
+- `StaticInt8Kernel` (`--serving_dtype=int8_bfloat16`): by one range per matmul, measured
+  once on calibration sentences (`Observed`, `static_step_weights`), the rest of the step
+  in bfloat16: one op (QuantizeV2) before each matmul, whose bias and output cast are fused.
 
 Only the step's matmuls change (keras_transformer.step, `dense`): the encoder, the
-attentions' products, the layer norms, the softmax and the search stay in float32. The
-largest error a matmul adds is about 1% of its output's largest magnitude
+attentions' products, the layer norms, the softmax and the search keep the step's dtype.
+The largest error a per-row matmul adds is about 1% of its output's largest magnitude
 (bench/sweeps/int8_matmul.py; with 7-bit weights, up to 2%: see _WEIGHT_RANGE).
 """
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import tensorflow as tf
 from tensorflow.python.framework import op_def_library
@@ -31,6 +38,10 @@ class Int8Kernel(NamedTuple):
     values: tf.Tensor
     scales: tf.Tensor
 
+    def columns(self, ids) -> "Int8Kernel":
+        """The kernel of output columns ids int32 [C] only (a shortlist's)."""
+        return Int8Kernel(tf.gather(self.values, ids, axis=1), tf.gather(self.scales, ids))
+
 
 def quantize_kernel(kernel) -> Int8Kernel:
     """Int8Kernel of a float kernel [in, out], a scale per output column (its largest
@@ -51,64 +62,175 @@ def quantize_kernel(kernel) -> Int8Kernel:
     return Int8Kernel(values, scales)
 
 
+class StaticInt8Kernel(NamedTuple):
+    """A kernel whose inputs are rounded by one range fixed at export: its int8 values
+    [in, out] (an Int8Kernel's), their float32 range per output column as the int8
+    matmul reads it (weight_min = -weight_max [out]: qint8's full scale, 127 x scale), and
+    float32 input_range [], the largest input magnitude calibration saw (larger inputs
+    are clipped to it)."""
+
+    values: tf.Tensor
+    weight_min: tf.Tensor
+    weight_max: tf.Tensor
+    input_range: tf.Tensor
+
+    @classmethod
+    def of(cls, kernel, input_range) -> "StaticInt8Kernel":
+        """The StaticInt8Kernel of a float kernel [in, out] and its inputs' range."""
+        q = quantize_kernel(kernel)
+        return cls(q.values, -_RANGE * q.scales, _RANGE * q.scales,
+                   tf.maximum(tf.cast(input_range, tf.float32), 1e-6))
+
+    def columns(self, ids) -> "StaticInt8Kernel":
+        """The kernel of output columns ids int32 [C] only (a shortlist's)."""
+        return StaticInt8Kernel(tf.gather(self.values, ids, axis=1),
+                                tf.gather(self.weight_min, ids),
+                                tf.gather(self.weight_max, ids), self.input_range)
+
+
+class Observed(NamedTuple):
+    """A kernel [in, out] multiplied as it is, which records the largest input magnitude
+    it multiplies in `largest` (a float32 tf.Variable []): calibration's kernel."""
+
+    kernel: tf.Tensor
+    largest: tf.Variable
+
+
+def _static_int8(x, kernel: StaticInt8Kernel, bias, constant):
+    """dense of a StaticInt8Kernel: x rounded into qint8 by the kernel's input range (one
+    QuantizeV2), oneDNN's int8 matmul with the float32 bias and the dequantization to x's
+    dtype fused."""
+    dtype = x.dtype
+    limit = kernel.input_range
+    q = tf.raw_ops.QuantizeV2(input=tf.cast(x, tf.float32), min_range=-limit,
+                              max_range=limit, T=tf.qint8, mode="SCALED", narrow_range=True)
+    bias = tf.zeros_like(kernel.weight_max) if bias is None else bias
+    return _int8_matmul(q.output, kernel.values, bias, -limit, limit, kernel.weight_min,
+                        kernel.weight_max, dtype, constant)
+
+
+def _int8_matmul(q, values, bias, input_min, input_max, weight_min, weight_max, dtype,
+                 constant):
+    """oneDNN's `_QuantizedMatMul` of qint8 q [rows, in] (its range input_min..input_max)
+    and int8 values [in, out] (per-column ranges weight_min, weight_max [out]), float32
+    bias [out] added and the product dequantized to dtype: [rows, out]."""
+    _, _, op, _ = op_def_library._apply_op_helper(
+        "_QuantizedMatMul", name="int8_matmul", device_inputs=[],
+        host_inputs=[q, tf.bitcast(values, tf.qint8), bias, input_min, input_max,
+                     weight_min, weight_max],
+        Thost_outputs=[dtype], Tdevice_outputs=[], T1=tf.qint8, T2=tf.qint8,
+        Tbias=tf.float32, Tout=dtype, U=tf.float32, fused_ops=["BiasAdd", "Dequantize"],
+        input_quant_mode="SCALED", output_quant_mode="SCALED", is_weight_const=constant,
+        is_bias_const=True, transpose_a=False, transpose_b=False, leakyrelu_alpha=0.2)
+    return op.outputs[0]
+
+
 def dense(x, kernel, bias=None, constant=True):
     """x [rows, in] @ kernel + bias -> [rows, out], the step's one way to project.
 
-    kernel: a tensor [in, out] (float32 or bfloat16, the matmul in x's dtype), or an
+    kernel: a tensor [in, out] (float32 or bfloat16, the matmul in x's dtype); an
     Int8Kernel: then x is quantized per row (each row divided by its largest magnitude,
     rounded to int8), multiplied as int8 by oneDNN, and the output rescaled and the bias
-    added in float32; the result is in x's dtype.
+    added in float32; a StaticInt8Kernel (bias float32): x rounded by its fixed range; or
+    an Observed one. The result is in x's dtype.
     constant: the kernel is the same at every call of the graph (a weight), so oneDNN's
     int8 kernel may keep its reordered copy; False for one made per call (a shortlist's).
     """
+    if isinstance(kernel, StaticInt8Kernel):
+        return _static_int8(x, kernel, bias, constant)
+    if isinstance(kernel, Observed):
+        largest = tf.reduce_max(tf.abs(tf.cast(x, tf.float32)))
+        kernel.largest.assign(tf.maximum(kernel.largest, largest))
+        kernel = kernel.kernel
     if not isinstance(kernel, Int8Kernel):
         y = tf.matmul(x, kernel)
         return y if bias is None else tf.nn.bias_add(y, bias)
     dtype = x.dtype
     x = tf.cast(x, tf.float32)
     top = tf.maximum(tf.reduce_max(tf.abs(x), axis=1, keepdims=True), 1e-30)  # [rows, 1]
-    q = tf.quantization.quantize(x / top, -1.0, 1.0, tf.qint8, mode="SCALED",
-                                 narrow_range=True)
-    zeros = tf.zeros_like(kernel.scales)
+    q = tf.raw_ops.QuantizeV2(input=x / top, min_range=-1.0, max_range=1.0, T=tf.qint8,
+                              mode="SCALED", narrow_range=True)
     # The op reads a kernel's range as qint8's full scale (127 x scale), whatever range
     # quantize_kernel rounded it into.
     # The bias goes in after the rows are scaled back, so the kernel's bias is zero.
-    _, _, op, _ = op_def_library._apply_op_helper(
-        "_QuantizedMatMul", name="int8_matmul", device_inputs=[],
-        host_inputs=[q.output, tf.bitcast(kernel.values, tf.qint8), zeros, -1.0, 1.0,
-                     -_RANGE * kernel.scales, _RANGE * kernel.scales],
-        Thost_outputs=[tf.float32], Tdevice_outputs=[], T1=tf.qint8, T2=tf.qint8,
-        Tbias=tf.float32, Tout=tf.float32, U=tf.float32, fused_ops=["BiasAdd", "Dequantize"],
-        input_quant_mode="SCALED", output_quant_mode="SCALED", is_weight_const=constant,
-        is_bias_const=True, transpose_a=False, transpose_b=False, leakyrelu_alpha=0.2)
-    y = op.outputs[0] * top
+    y = _int8_matmul(q.output, kernel.values, tf.zeros_like(kernel.scales), -1.0, 1.0,
+                     -_RANGE * kernel.scales, _RANGE * kernel.scales, tf.float32,
+                     constant) * top
     return tf.cast(y if bias is None else tf.nn.bias_add(y, tf.cast(bias, tf.float32)), dtype)
+
+
+def map_step_kernels(weights, fn: Callable):
+    """Step weights (`Transformer.step_weights`) with the (kernel [in, out], bias [out] or
+    None) of every matmul of a decoding step replaced by fn(name, kernel, bias): each
+    decoder layer's attention projections and feed-forward kernels ("layers/0/self/input",
+    ".../self/output", ".../cross/input", ".../cross/output", ".../feed_forward/1",
+    ".../feed_forward/2") and the output projection ("projection": in bfloat16 weights the
+    transpose of "output_matrix"). The embedding rows, position table and layer norms stay
+    as they are."""
+    def attention(name, w):
+        w = dict(w)
+        for part in ("input", "output"):
+            w[f"{part}_kernel"], w[f"{part}_bias"] = fn(
+                f"{name}/{part}", w[f"{part}_kernel"], w[f"{part}_bias"])
+        return w
+
+    def layer(name, w):
+        w_1, b_1, w_2, b_2 = w["feed_forward"]
+        return {**w, "self_attention": attention(f"{name}/self", w["self_attention"]),
+                "cross_attention": attention(f"{name}/cross", w["cross_attention"]),
+                "feed_forward": (*fn(f"{name}/feed_forward/1", w_1, b_1),
+                                 *fn(f"{name}/feed_forward/2", w_2, b_2))}
+
+    embedding = weights["embedding"]
+    projection = embedding.get("projection")
+    if projection is None:
+        projection = tf.transpose(embedding["output_matrix"])
+    projection, bias = fn("projection", projection, embedding.get("bias"))
+    decoder = weights["decoder"]
+    return {**weights,
+            "embedding": {"matrix": embedding["matrix"], "projection": projection,
+                          **({} if bias is None else {"bias": bias})},
+            "decoder": {**decoder, "layers": [layer(f"layers/{i}", w)
+                                              for i, w in enumerate(decoder["layers"])]}}
 
 
 def quantize_step_weights(weights):
     """A float32 Transformer's step weights (`Transformer.step_weights`) with every matmul
-    of a decoding step int8: each decoder layer's attention projections and feed-forward
-    kernels, and the output projection. The embedding rows, position table, biases and
-    layer norms stay float32.
+    of a decoding step int8 (`Int8Kernel`s, `map_step_kernels`). The embedding rows,
+    position table, biases and layer norms stay float32.
 
     Made once (an export stores them), not at every search: quantizing is a pass over
     every weight.
     """
-    embedding = weights["embedding"]
-    if "projection" not in embedding:
+    if "projection" not in weights["embedding"]:
         raise ValueError("int8 step weights are made from a float32 model's")
+    return map_step_kernels(weights, lambda name, kernel, bias: (quantize_kernel(kernel), bias))
 
-    def attention(w):
-        return {**w, "input_kernel": quantize_kernel(w["input_kernel"]),
-                "output_kernel": quantize_kernel(w["output_kernel"])}
 
-    def layer(w):
-        w_1, b_1, w_2, b_2 = w["feed_forward"]
-        return {**w, "self_attention": attention(w["self_attention"]),
-                "cross_attention": attention(w["cross_attention"]),
-                "feed_forward": (quantize_kernel(w_1), b_1, quantize_kernel(w_2), b_2)}
+def observed_step_weights(weights):
+    """(step weights whose every matmul records its largest input magnitude: `Observed`,
+    {name: that tf.Variable}): what calibration runs searches with."""
+    largest = {}
 
-    decoder = weights["decoder"]
-    return {**weights,
-            "embedding": {**embedding, "projection": quantize_kernel(embedding["projection"])},
-            "decoder": {**decoder, "layers": [layer(w) for w in decoder["layers"]]}}
+    def observe(name, kernel, bias):
+        largest[name] = tf.Variable(0.0, trainable=False, name="largest_input")
+        return Observed(kernel, largest[name]), bias
+
+    return map_step_kernels(weights, observe), largest
+
+
+def static_step_weights(weights, float32_weights, input_ranges):
+    """bfloat16 step weights (`Transformer.step_weights` of a bfloat16 Transformer) with
+    every matmul a `StaticInt8Kernel`: the float32 model's kernel and bias (float32_weights,
+    the same model's step weights in float32) with input_ranges[name] (from
+    `observed_step_weights`' searches on calibration sentences)."""
+    exact = {}
+    map_step_kernels(float32_weights,
+                     lambda name, kernel, bias: exact.setdefault(name, (kernel, bias)))
+
+    def quantize(name, kernel, bias):
+        kernel, bias = exact[name]
+        return (StaticInt8Kernel.of(kernel, input_ranges[name]),
+                None if bias is None else tf.cast(bias, tf.float32))
+
+    return map_step_kernels(weights, quantize)

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from keras_transformer import (BOS_ID, EOS_ID, PAD_ID, DecodeConfig, Transformer,
                                TransformerConfig, TransformerStep, beam_search)
-from keras_transformer.quantization import quantize_step_weights
+from keras_transformer.quantization import quantize_step_weights, static_step_weights
 from keras_transformer.log_probs import as_log_probs
 from keras_transformer.search import WrappedStep
 from keras_transformer.shortlist import SPECIAL_IDS, Shortlist
@@ -97,14 +97,25 @@ class MaskedStep(WrappedStep):
 SEARCH = DecodeConfig(beam_size=3, alpha=0.6, max_extra_length=6)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
-def test_beam_search_over_the_candidates_is_the_masked_full_search(weights):
-    model = tiny_model("bfloat16" if weights == "bfloat16" else "float32")
-    shortlist = small_shortlist()
-    step_weights = None
+def model_and_step_weights(weights, output_bias=False):
+    """(tiny_model, the step weights a search is given: None, the model's own) computing in
+    weights: "float32", "bfloat16", "int8" (quantize_step_weights) or "int8_bfloat16"
+    (static_step_weights, every input range 8)."""
+    model = tiny_model("bfloat16" if "bfloat16" in weights else "float32", output_bias)
+    step_weights = model.step_weights(model.config.max_length)
     if weights == "int8":
-        step_weights = quantize_step_weights(model.step_weights(model.config.max_length))
+        return model, quantize_step_weights(step_weights)
+    if weights == "int8_bfloat16":
+        ranges = collections.defaultdict(lambda: 8.0)
+        return model, static_step_weights(step_weights, step_weights, ranges)
+    return model, None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int8_bfloat16"])
+def test_beam_search_over_the_candidates_is_the_masked_full_search(weights):
+    model, step_weights = model_and_step_weights(weights)
+    shortlist = small_shortlist()
     prefix = tf.constant([[33, 0], [0, 0], [0, 0]])
     candidates = shortlist.candidates(SOURCES, prefix)
 
@@ -127,7 +138,7 @@ def test_beam_search_over_the_candidates_is_the_masked_full_search(weights):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int8_bfloat16"])
 def test_each_call_ranks_its_own_batchs_candidates(weights, monkeypatch):
     """One traced search called on two batches whose candidates differ: the second call's
     results are those of a search that never saw the first (no kernel kept the first
@@ -135,11 +146,8 @@ def test_each_call_ranks_its_own_batchs_candidates(weights, monkeypatch):
     TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1 (read as each kernel is made), under which oneDNN's
     fused matmul + bias keeps the first right-hand side it saw."""
     monkeypatch.setenv("TF_ONEDNN_ASSUME_FROZEN_WEIGHTS", "1")
-    model = tiny_model("bfloat16" if weights == "bfloat16" else "float32", output_bias=True)
+    model, step_weights = model_and_step_weights(weights, output_bias=True)
     shortlist = small_shortlist()
-    step_weights = None
-    if weights == "int8":
-        step_weights = quantize_step_weights(model.step_weights(model.config.max_length))
 
     def search(sources):
         return beam_search(TransformerStep(model, sources, weights=step_weights,

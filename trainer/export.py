@@ -1,7 +1,7 @@
 """python -m trainer.export --model_dir=DIR [--format=saved_model|ctranslate2|marian]
 [--export_dir=DIR] [--export_weights=last|average|ema|best] [--average_last=N]
-[--serving_dtype=float32|bfloat16|int8] [--xla] [--shortlist=SRC,TGT]
-[--quantization=int8|...]: write a model directory's model for serving.
+[--serving_dtype=float32|bfloat16|int8|int8_bfloat16 [--calibration=FILE]] [--xla]
+[--shortlist=SRC,TGT] [--quantization=int8|...]: write a model directory's model for serving.
 
 --format=saved_model (the default) writes the next SavedModel version, for TF Serving or
 any TensorFlow program with tensorflow_text (layout and signatures:
@@ -58,12 +58,19 @@ flags.DEFINE_float("patience", DecodeConfig.patience, "SavedModel: with --stoppi
 flags.DEFINE_integer("max_beam_size", DecodeConfig.max_beam_size, "SavedModel: the largest "
                      "beam_size (and number of samples) a client may ask of the "
                      "translate_with_options and sample signatures.")
-flags.DEFINE_enum("serving_dtype", "float32", ("float32", "bfloat16", "int8"),
+flags.DEFINE_enum("serving_dtype", "float32", ("float32", "bfloat16", "int8", "int8_bfloat16"),
                   "SavedModel: what the graph computes in; bfloat16 (bfloat16 weights and "
                   "matmuls, float32 softmaxes and scores) is the fastest on CPUs with "
                   "AVX-512 BF16 or AMX; int8 (the decoding step's matmuls on int8 weights "
                   "and inputs, oneDNN's int8 kernel; the rest float32) is faster than "
-                  "float32 on x86 CPUs without bfloat16.")
+                  "float32 on x86 CPUs without bfloat16; int8_bfloat16 (those matmuls int8, "
+                  "each input rounded by a range measured on --calibration's sentences; "
+                  "the rest bfloat16) is the fastest for batches on CPUs with AVX-512 BF16 "
+                  "and VNNI but no AMX.")
+flags.DEFINE_string("calibration", "", "SavedModel, --serving_dtype=int8_bfloat16: a text "
+                    "file of source sentences, one per line (its first 1,000 are read; the "
+                    "validation set's source side, say), that the bfloat16 model translates "
+                    "to measure the largest input of each int8 matmul.")
 flags.DEFINE_bool("xla", False, "SavedModel: also export translate_xla, serving_default with "
                   "the search of requests of up to 4 sentences compiled by XLA, faster for "
                   "small requests (a compile per new batch size and source width bucket; "

@@ -54,6 +54,7 @@ def ctranslate2_systems(args):
     """[(system, engine, precision, environment, row label)], in the order they run."""
     exports = ["float32"] + (["bfloat16"] if args.saved_model_bfloat16 else []) + (
         ["int8"] if args.saved_model_int8 else []) + (
+        ["int8_bfloat16"] if args.saved_model_int8_bfloat16 else []) + (
         [SHORTLIST] if args.saved_model_shortlist else [])
     ours = exports + ([PREVIOUS] if args.previous_saved_model else []) + (
         [XLA[p] for p in ("float32", "bfloat16") if p in exports] if args.xla else [])
@@ -131,12 +132,14 @@ def latency_turns(args, search: dict):
 
 def throughput_turns(args, search: dict):
     """{system label: sentences/s of each round}: our fastest export for throughput (the
-    shortlist's if given, else bfloat16's, else float32's; in the --env environment, two
+    shortlist's if given, else int8_bfloat16's, else bfloat16's, else float32's; in the
+    --env environment, two
     requests in flight of one thread each) and CTranslate2 at each compute type (with its
     vocabulary map too, with --vmap; two translators of one thread each), all loaded at
     once, taking turns pass by pass over the length-sorted sentences for
     --throughput_rounds rounds, the first to go rotating."""
     ours = (SHORTLIST if args.saved_model_shortlist else
+            "int8_bfloat16" if args.saved_model_int8_bfloat16 else
             "bfloat16" if args.saved_model_bfloat16 else "float32")
     theirs = ["int8", "float32"] + ([c + VMAP for c in ("int8", "float32")]
                                     if args.vmap else [])

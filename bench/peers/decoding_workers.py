@@ -133,7 +133,8 @@ def worker_translator(args, engine: str, precision: str, threads: int, texts: Li
             print(json.dumps({"skipped": str(e)}))
             return None
     paths = {"float32": args.saved_model, "bfloat16": args.saved_model_bfloat16,
-             "int8": args.saved_model_int8, SHORTLIST: args.saved_model_shortlist,
+             "int8": args.saved_model_int8, "int8_bfloat16": args.saved_model_int8_bfloat16,
+             SHORTLIST: args.saved_model_shortlist,
              PREVIOUS: args.previous_saved_model, XLA["float32"]: args.saved_model,
              XLA["bfloat16"]: args.saved_model_bfloat16}
     xla = precision in XLA.values()

@@ -55,7 +55,7 @@ from keras_transformer.quantization import quantize_step_weights
 from trainer.data import vocabulary
 from trainer.model_dir import files, layout
 from trainer.model_dir.weights import WeightsChoice, final_model
-from trainer.serving import warmup, xla
+from trainer.serving import calibration, warmup, xla
 from trainer.serving.shortlist import ShortlistChoice
 from trainer.serving.translator import Translator
 
@@ -63,7 +63,7 @@ DESCRIPTION = "SavedModel"
 SIGNATURES = warmup.SIGNATURES
 INFO_FILE = "export.json"
 # What the exported graph computes its matmuls in (trainer.export --serving_dtype).
-SERVING_DTYPES = ("float32", "bfloat16", "int8")
+SERVING_DTYPES = ("float32", "bfloat16", "int8", "int8_bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,10 +82,14 @@ class Options:
         decoding step (Keras' mixed_bfloat16): the casts cost more than the matmuls save.
         "int8": the decoding step's matmuls on int8 weights (a scale per output column)
         and int8 inputs (a scale per row), oneDNN's int8 kernel; the rest float32
-        (keras_transformer.quantization).
+        (keras_transformer.quantization). "int8_bfloat16": those matmuls int8 with each
+        one's input range measured on `calibration`'s sentences, the rest bfloat16
+        (trainer/serving/calibration.py); the fastest for batches on CPUs with AVX-512
+        BF16 and VNNI but no AMX.
       xla: also export translate_xla (trainer/serving/xla.py); not with int8, whose
         kernel XLA cannot compile, nor with a shortlist.
       shortlist: a vocabulary shortlist for every beam search (trainer/serving/shortlist.py).
+      calibration: int8_bfloat16 only: a text file of source sentences, one per line.
     """
 
     weights: WeightsChoice = dataclasses.field(default_factory=WeightsChoice)
@@ -93,14 +97,22 @@ class Options:
     serving_dtype: str = "float32"
     xla: bool = False
     shortlist: ShortlistChoice = dataclasses.field(default_factory=ShortlistChoice)
+    calibration: str = ""
 
     def __post_init__(self):
         if self.serving_dtype not in SERVING_DTYPES:
             raise ValueError(f"unknown serving dtype {self.serving_dtype!r}; choose one of "
                              f"{', '.join(SERVING_DTYPES)}")
-        if self.xla and self.serving_dtype == "int8":
-            raise ValueError("--xla cannot compile the int8 step (XLA has no int8 matmul "
-                             "kernel of oneDNN's); export int8 without --xla")
+        if self.xla and self.serving_dtype.startswith("int8"):
+            raise ValueError(f"--xla cannot compile the {self.serving_dtype} step (XLA has "
+                             "no int8 matmul kernel of oneDNN's); export it without --xla")
+        if self.serving_dtype == "int8_bfloat16" and not self.calibration:
+            raise ValueError("--serving_dtype=int8_bfloat16 needs --calibration=FILE: source "
+                             "sentences, one per line, to measure each int8 matmul's input "
+                             "range on (the validation set's source side, say)")
+        if self.calibration and self.serving_dtype != "int8_bfloat16":
+            raise ValueError(f"--calibration is for --serving_dtype=int8_bfloat16, not "
+                             f"{self.serving_dtype}")
         if self.xla and self.shortlist.paths:
             raise ValueError("--xla compiles fixed shapes, and a shortlist's candidates "
                              "change from batch to batch; export it without --xla")
@@ -159,26 +171,28 @@ def build_translator(model_dir: str, options: Options = Options()
                      ) -> Tuple[Translator, List[str]]:
     """(Translator of the model of model_dir as `options` ask, checkpoint prefixes its
     weights come from)."""
-    model, paths = final_model(model_dir, options.weights)
-    step_weights = None
-    if options.serving_dtype == "bfloat16":
-        float32_model = model
+    float32_model, paths = final_model(model_dir, options.weights)
+    model, step_weights = float32_model, None
+    tokenizers = vocabulary.load_or_train(model_dir, None)
+    decode = options.decode or layout.load_decode(model_dir)
+    if options.serving_dtype in ("bfloat16", "int8_bfloat16"):
         model = Transformer(float32_model.config, dtype="bfloat16")
         model.build()
         model.set_weights(float32_model.get_weights())
-    elif options.serving_dtype == "int8":
-        # Quantized once, here; the export saves them as variables beside the model's.
+    if options.serving_dtype == "int8":
+        step_weights = quantize_step_weights(model.step_weights(model.config.max_length))
+    elif options.serving_dtype == "int8_bfloat16":
+        step_weights, _ = calibration.calibrated_step_weights(
+            float32_model, model, tokenizers, decode, options.calibration)
+    if step_weights is not None:  # made once, here; the export saves them as variables
         step_weights = tf.nest.map_structure(
-            lambda t: tf.Variable(t, trainable=False) if tf.is_tensor(t) else t,
-            quantize_step_weights(model.step_weights(model.config.max_length)))
-    tokenizers = vocabulary.load_or_train(model_dir, None)
+            lambda t: tf.Variable(t, trainable=False) if tf.is_tensor(t) else t, step_weights)
     shortlist = options.shortlist.build(tokenizers, model.config.input_vocab_size,
                                         model.config.vocab_size)
     if shortlist is not None:  # saved as variables beside the model's
         shortlist = shortlist._replace(frequent=tf.Variable(shortlist.frequent, trainable=False),
                                        by_source=tf.Variable(shortlist.by_source,
                                                              trainable=False))
-    decode = options.decode or layout.load_decode(model_dir)
     return Translator(model, tokenizers, decode, step_weights=step_weights,
                       shortlist=shortlist), paths
 
@@ -194,7 +208,7 @@ def _servable(translator: Translator) -> tf.Module:
     store every weight twice. tf.saved_model.load reads either form."""
     servable = tf.Module(name="translator")
     servable.weights = [variable.value for variable in translator.model.weights]
-    if translator.step_weights is not None:  # int8: the decoding step's own weights
+    if translator.step_weights is not None:  # int8's: the decoding step's own weights
         servable.step_weights = [t for t in tf.nest.flatten(translator.step_weights)
                                  if isinstance(t, tf.Variable)]
     if translator.shortlist is not None:
@@ -216,6 +230,7 @@ def export(model_dir: str, export_dir: str, options: Options = Options()) -> str
     info = {"model_dir": os.path.abspath(model_dir), "checkpoints": checkpoints,
             "weights": options.weights.kind, **translator.decode.to_dict(),
             "serving_dtype": options.serving_dtype,
+            "calibration": options.calibration or None,
             "shortlist": options.shortlist.describe() if options.shortlist.paths else None,
             "model": translator.model.config.to_dict(), "signatures": list(signatures)}
     with files.staged_directory(export_dir) as staging:

@@ -1,0 +1,59 @@
+"""Calibration of an int8_bfloat16 export (`trainer.export --serving_dtype=int8_bfloat16
+--calibration=FILE`): the bfloat16 model translates the file's sentences with the export's
+search, every matmul of its decoding step recording the largest magnitude of its inputs
+(keras_transformer.quantization.Observed), and each matmul's int8 kernel then rounds its
+inputs by that range (StaticInt8Kernel).
+
+A user's sentences of the kind the server will translate serve best; the validation set's
+source side is the usual choice. Inputs larger than calibration saw are clipped to its
+range.
+"""
+
+import sys
+from typing import Dict, List, Tuple
+
+import tensorflow as tf
+
+from keras_transformer import DecodeConfig, Transformer
+from keras_transformer.quantization import observed_step_weights, static_step_weights
+from trainer.cli import read_text
+from trainer.serving.translator import Translator
+
+# The file's first lines calibration translates, and how many at once.
+SENTENCES = 1000
+BATCH = 64
+
+
+def read_sentences(path: str) -> List[str]:
+    """The first SENTENCES non-empty lines of the text file path."""
+    try:
+        lines = read_text(path)
+    except OSError as e:
+        raise ValueError(f"--calibration={path} cannot be read ({e.strerror}); give a text "
+                         "file of source sentences, one per line") from None
+    sentences = [line for line in lines if line.strip()][:SENTENCES]
+    if not sentences:
+        raise ValueError(f"--calibration={path} holds no sentence; give a text file of "
+                         "source sentences, one per line")
+    return sentences
+
+
+def calibrated_step_weights(float32_model: Transformer, model: Transformer, tokenizers,
+                            decode: DecodeConfig, path: str) -> Tuple[dict, Dict[str, float]]:
+    """(model's step weights with every matmul a StaticInt8Kernel, {matmul: its input
+    range}): model is float32_model in bfloat16; the ranges are measured by model
+    translating path's sentences (`read_sentences`) with decode's search."""
+    sentences = sorted(read_sentences(path), key=len)
+    length = model.config.max_length
+    observed, largest = observed_step_weights(model.step_weights(length))
+    translator = Translator(model, tokenizers, decode, step_weights=observed)
+    print(f"calibrating int8 inputs on {len(sentences)} sentences of {path}", file=sys.stderr)
+    for start in range(0, len(sentences), BATCH):
+        translator.translate(tf.constant(sentences[start:start + BATCH]))
+    ranges = {name: float(variable.numpy()) for name, variable in largest.items()}
+    unused = [name for name, largest in ranges.items() if largest == 0.0]
+    if unused:
+        raise ValueError(f"calibration never ran {', '.join(unused)}")
+    weights = static_step_weights(model.step_weights(length),
+                                  float32_model.step_weights(length), ranges)
+    return weights, ranges
