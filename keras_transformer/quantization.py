@@ -38,10 +38,6 @@ class Int8Kernel(NamedTuple):
     values: tf.Tensor
     scales: tf.Tensor
 
-    def columns(self, ids) -> "Int8Kernel":
-        """The kernel of output columns ids int32 [C] only (a shortlist's)."""
-        return Int8Kernel(tf.gather(self.values, ids, axis=1), tf.gather(self.scales, ids))
-
 
 def quantize_kernel(kernel) -> Int8Kernel:
     """Int8Kernel of a float kernel [in, out], a scale per output column (its largest
@@ -81,12 +77,6 @@ class StaticInt8Kernel(NamedTuple):
         return cls(q.values, -_RANGE * q.scales, _RANGE * q.scales,
                    tf.maximum(tf.cast(input_range, tf.float32), 1e-6))
 
-    def columns(self, ids) -> "StaticInt8Kernel":
-        """The kernel of output columns ids int32 [C] only (a shortlist's)."""
-        return StaticInt8Kernel(tf.gather(self.values, ids, axis=1),
-                                tf.gather(self.weight_min, ids),
-                                tf.gather(self.weight_max, ids), self.input_range)
-
 
 class Observed(NamedTuple):
     """A kernel [in, out] multiplied as it is, which records the largest input magnitude
@@ -96,7 +86,7 @@ class Observed(NamedTuple):
     largest: tf.Variable
 
 
-def _static_int8(x, kernel: StaticInt8Kernel, bias, constant):
+def _static_int8(x, kernel: StaticInt8Kernel, bias):
     """dense of a StaticInt8Kernel: x rounded into qint8 by the kernel's input range (one
     QuantizeV2), oneDNN's int8 matmul with the float32 bias and the dequantization to x's
     dtype fused."""
@@ -106,38 +96,38 @@ def _static_int8(x, kernel: StaticInt8Kernel, bias, constant):
                               max_range=limit, T=tf.qint8, mode="SCALED", narrow_range=True)
     bias = tf.zeros_like(kernel.weight_max) if bias is None else bias
     return _int8_matmul(q.output, kernel.values, bias, -limit, limit, kernel.weight_min,
-                        kernel.weight_max, dtype, constant)
+                        kernel.weight_max, dtype)
 
 
-def _int8_matmul(q, values, bias, input_min, input_max, weight_min, weight_max, dtype,
-                 constant):
+def _int8_matmul(q, values, bias, input_min, input_max, weight_min, weight_max, dtype):
     """oneDNN's `_QuantizedMatMul` of qint8 q [rows, in] (its range input_min..input_max)
     and int8 values [in, out] (per-column ranges weight_min, weight_max [out]), float32
-    bias [out] added and the product dequantized to dtype: [rows, out]."""
+    bias [out] added and the product dequantized to dtype: [rows, out]. The weight is
+    constant (a model's), so oneDNN keeps its reordered copy from one call to the next;
+    reordering it at every call makes the kernel some 600 times slower."""
     _, _, op, _ = op_def_library._apply_op_helper(
         "_QuantizedMatMul", name="int8_matmul", device_inputs=[],
         host_inputs=[q, tf.bitcast(values, tf.qint8), bias, input_min, input_max,
                      weight_min, weight_max],
         Thost_outputs=[dtype], Tdevice_outputs=[], T1=tf.qint8, T2=tf.qint8,
         Tbias=tf.float32, Tout=dtype, U=tf.float32, fused_ops=["BiasAdd", "Dequantize"],
-        input_quant_mode="SCALED", output_quant_mode="SCALED", is_weight_const=constant,
+        input_quant_mode="SCALED", output_quant_mode="SCALED", is_weight_const=True,
         is_bias_const=True, transpose_a=False, transpose_b=False, leakyrelu_alpha=0.2)
     return op.outputs[0]
 
 
-def dense(x, kernel, bias=None, constant=True):
+def dense(x, kernel, bias=None):
     """x [rows, in] @ kernel + bias -> [rows, out], the step's one way to project.
 
     kernel: a tensor [in, out] (float32 or bfloat16, the matmul in x's dtype); an
     Int8Kernel: then x is quantized per row (each row divided by its largest magnitude,
     rounded to int8), multiplied as int8 by oneDNN, and the output rescaled and the bias
     added in float32; a StaticInt8Kernel (bias float32): x rounded by its fixed range; or
-    an Observed one. The result is in x's dtype.
-    constant: the kernel is the same at every call of the graph (a weight), so oneDNN's
-    int8 kernel may keep its reordered copy; False for one made per call (a shortlist's).
+    an Observed one. The result is in x's dtype. An int8 kernel must be the same at every
+    call of the graph (a weight): oneDNN keeps its reordered copy.
     """
     if isinstance(kernel, StaticInt8Kernel):
-        return _static_int8(x, kernel, bias, constant)
+        return _static_int8(x, kernel, bias)
     if isinstance(kernel, Observed):
         largest = tf.reduce_max(tf.abs(tf.cast(x, tf.float32)))
         kernel.largest.assign(tf.maximum(kernel.largest, largest))
@@ -154,8 +144,7 @@ def dense(x, kernel, bias=None, constant=True):
     # quantize_kernel rounded it into.
     # The bias goes in after the rows are scaled back, so the kernel's bias is zero.
     y = _int8_matmul(q.output, kernel.values, tf.zeros_like(kernel.scales), -1.0, 1.0,
-                     -_RANGE * kernel.scales, _RANGE * kernel.scales, tf.float32,
-                     constant) * top
+                     -_RANGE * kernel.scales, _RANGE * kernel.scales, tf.float32) * top
     return tf.cast(y if bias is None else tf.nn.bias_add(y, tf.cast(bias, tf.float32)), dtype)
 
 

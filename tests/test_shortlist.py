@@ -111,6 +111,18 @@ def model_and_step_weights(weights, output_bias=False):
     return model, None
 
 
+def float_projection(step_weights):
+    """step_weights (None: the model's own) whose output projection is the embedding's rows
+    in the step's dtype: what a shortlist's search multiplies an int8 export's candidates
+    by (SharedEmbedding.restrict_step_weights)."""
+    if step_weights is None:
+        return None
+    embedding = step_weights["embedding"]
+    matrix = embedding["matrix"]
+    bias = {"bias": tf.cast(embedding["bias"], matrix.dtype)} if "bias" in embedding else {}
+    return {**step_weights, "embedding": {"matrix": matrix, "output_matrix": matrix, **bias}}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int8_bfloat16"])
 def test_beam_search_over_the_candidates_is_the_masked_full_search(weights):
@@ -123,7 +135,7 @@ def test_beam_search_over_the_candidates_is_the_masked_full_search(weights):
     def searches():
         result = beam_search(TransformerStep(model, SOURCES, prefix, weights=step_weights,
                                              shortlist=shortlist), SEARCH)
-        step = TransformerStep(model, SOURCES, prefix, weights=step_weights)
+        step = TransformerStep(model, SOURCES, prefix, weights=float_projection(step_weights))
         reference = beam_search(MaskedStep(step, candidates), SEARCH)
         return result, reference
 

@@ -10,7 +10,7 @@ range.
 """
 
 import sys
-from typing import Dict, List, Tuple
+from typing import List
 
 import tensorflow as tf
 
@@ -39,10 +39,10 @@ def read_sentences(path: str) -> List[str]:
 
 
 def calibrated_step_weights(float32_model: Transformer, model: Transformer, tokenizers,
-                            decode: DecodeConfig, path: str) -> Tuple[dict, Dict[str, float]]:
-    """(model's step weights with every matmul a StaticInt8Kernel, {matmul: its input
-    range}): model is float32_model in bfloat16; the ranges are measured by model
-    translating path's sentences (`read_sentences`) with decode's search."""
+                            decode: DecodeConfig, path: str) -> dict:
+    """model's step weights with every matmul a StaticInt8Kernel: model is float32_model
+    in bfloat16; the input ranges are measured by model translating path's sentences
+    (`read_sentences`) with decode's search."""
     sentences = sorted(read_sentences(path), key=len)
     length = model.config.max_length
     observed, largest = observed_step_weights(model.step_weights(length))
@@ -51,9 +51,8 @@ def calibrated_step_weights(float32_model: Transformer, model: Transformer, toke
     for start in range(0, len(sentences), BATCH):
         translator.translate(tf.constant(sentences[start:start + BATCH]))
     ranges = {name: float(variable.numpy()) for name, variable in largest.items()}
-    unused = [name for name, largest in ranges.items() if largest == 0.0]
+    unused = [name for name, value in ranges.items() if value == 0.0]
     if unused:
         raise ValueError(f"calibration never ran {', '.join(unused)}")
-    weights = static_step_weights(model.step_weights(length),
-                                  float32_model.step_weights(length), ranges)
-    return weights, ranges
+    return static_step_weights(model.step_weights(length), float32_model.step_weights(length),
+                               ranges)

@@ -182,7 +182,7 @@ def build_translator(model_dir: str, options: Options = Options()
     if options.serving_dtype == "int8":
         step_weights = quantize_step_weights(model.step_weights(model.config.max_length))
     elif options.serving_dtype == "int8_bfloat16":
-        step_weights, _ = calibration.calibrated_step_weights(
+        step_weights = calibration.calibrated_step_weights(
             float32_model, model, tokenizers, decode, options.calibration)
     if step_weights is not None:  # made once, here; the export saves them as variables
         step_weights = tf.nest.map_structure(
