@@ -45,7 +45,8 @@ def calibrated_step_weights(float32_model: Transformer, model: Transformer, toke
     (`read_sentences`) with decode's search."""
     sentences = sorted(read_sentences(path), key=len)
     length = model.config.max_length
-    observed, largest = observed_step_weights(model.step_weights(length))
+    weights = model.step_weights(length)
+    observed, largest = observed_step_weights(weights)
     translator = Translator(model, tokenizers, decode, step_weights=observed)
     print(f"calibrating int8 inputs on {len(sentences)} sentences of {path}", file=sys.stderr)
     for start in range(0, len(sentences), BATCH):
@@ -54,5 +55,4 @@ def calibrated_step_weights(float32_model: Transformer, model: Transformer, toke
     unused = [name for name, value in ranges.items() if value == 0.0]
     if unused:
         raise ValueError(f"calibration never ran {', '.join(unused)}")
-    return static_step_weights(model.step_weights(length), float32_model.step_weights(length),
-                               ranges)
+    return static_step_weights(weights, float32_model.step_weights(length), ranges)
