@@ -115,6 +115,8 @@ class SharedEmbedding(keras.layers.Layer):
         if isinstance(projection, (Int8Kernel, StaticInt8Kernel)):
             del weights["projection"]
             weights["output_matrix"] = tf.gather(weights["matrix"], ids)
+            if isinstance(projection, StaticInt8Kernel):  # it carries the bias
+                weights["bias"] = projection.bias
         elif projection is not None:
             weights["projection"] = tf.gather(projection, ids, axis=1)
         else:
@@ -134,8 +136,9 @@ class SharedEmbedding(keras.layers.Layer):
         if "candidates" in weights:  # a batch's own rows: no kernel may keep them
             if "projection" in weights:
                 logits = dense(x, weights["projection"])
-            else:
-                logits = tf.matmul(x, weights["output_matrix"], transpose_b=True)
+            else:  # in the matrix's dtype (a float32 stream of int8_bfloat16 weights)
+                matrix = weights["output_matrix"]
+                logits = tf.matmul(tf.cast(x, matrix.dtype), matrix, transpose_b=True)
             logits = tf.cast(logits, tf.float32)
             return logits + weights["bias"] if "bias" in weights else logits
         if "projection" in weights:

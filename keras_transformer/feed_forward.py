@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 
 from keras_transformer.config import ACTIVATIONS
-from keras_transformer.quantization import dense
+from keras_transformer.quantization import StaticInt8Kernel, dense, relu_feed_forward
 
 # The function of each of ACTIVATIONS' names.
 _FUNCTIONS = {"relu": tf.nn.relu, "swish": tf.nn.silu,
@@ -59,6 +59,8 @@ class PositionwiseFeedForward(keras.layers.Layer):
         """`call` in incremental decoding, on plain tensors: [rows, d_model] ->
         [rows, d_model] (one fused MatMul + BiasAdd (+ activation) per projection)."""
         w_1, b_1, w_2, b_2 = weights
+        if self.activation == "relu" and isinstance(w_1, StaticInt8Kernel):
+            return relu_feed_forward(x, w_1, w_2)  # int8 from one matmul to the next
         return dense(_FUNCTIONS[self.activation](dense(x, w_1, b_1)), w_2, b_2)
 
     def compute_output_shape(self, input_shape):

@@ -110,8 +110,9 @@ class PositionalEncoding(keras.layers.Layer):
 
     def step(self, x, index, weights):
         """`call` in incremental decoding: x [rows, d_model] at position `index` (scalar)
-        -> x + PE[index]."""
-        return x + weights[index]
+        -> x + PE[index], in the table's dtype (the residual stream's: float32 in an
+        int8_bfloat16 step, keras_transformer.quantization.static_step_weights)."""
+        return tf.cast(x, weights.dtype) + weights[index]
 
     def get_config(self):
         return {**super().get_config(), "d_model": self.d_model,

@@ -16,10 +16,13 @@ The largest error a per-row matmul adds is about 1% of its output's largest magn
 (bench/sweeps/int8_matmul.py; with 7-bit weights, up to 2%: see _WEIGHT_RANGE).
 """
 
+import dataclasses
 from typing import Callable, NamedTuple
 
 import tensorflow as tf
 from tensorflow.python.framework import op_def_library
+
+from keras_transformer.normalization import OneDnnNorm
 
 # The int8 range an input row is rounded into: symmetric, so that 0 is exact and -x is -q.
 _RANGE = 127.0
@@ -61,56 +64,89 @@ def quantize_kernel(kernel) -> Int8Kernel:
 class StaticInt8Kernel(NamedTuple):
     """A kernel whose inputs are rounded by one range fixed at export: its int8 values
     [in, out] (an Int8Kernel's), their float32 range per output column as the int8
-    matmul reads it (weight_min = -weight_max [out]: qint8's full scale, 127 x scale), and
-    float32 input_range [], the largest input magnitude calibration saw (larger inputs
-    are clipped to it)."""
+    matmul reads it (weight_min = -weight_max [out]: qint8's full scale, 127 x scale), the
+    float32 input range input_min = -input_max [], input_max the largest input magnitude
+    calibration saw (larger inputs are clipped to it), and the float32 bias [out] (zeros
+    for a matmul without one). Everything the matmul reads is stored, none of it computed
+    at a step."""
 
     values: tf.Tensor
     weight_min: tf.Tensor
     weight_max: tf.Tensor
-    input_range: tf.Tensor
+    input_min: tf.Tensor
+    input_max: tf.Tensor
+    bias: tf.Tensor
 
     @classmethod
-    def of(cls, kernel, input_range) -> "StaticInt8Kernel":
-        """The StaticInt8Kernel of a float kernel [in, out] and its inputs' range."""
+    def of(cls, kernel, input_range, bias=None) -> "StaticInt8Kernel":
+        """The StaticInt8Kernel of a float kernel [in, out], its inputs' range and its
+        bias [out] (None: zeros)."""
         q = quantize_kernel(kernel)
-        return cls(q.values, -_RANGE * q.scales, _RANGE * q.scales,
-                   tf.maximum(tf.cast(input_range, tf.float32), 1e-6))
+        limit = tf.maximum(tf.cast(input_range, tf.float32), 1e-6)
+        bias = tf.zeros_like(q.scales) if bias is None else tf.cast(bias, tf.float32)
+        return cls(q.values, -_RANGE * q.scales, _RANGE * q.scales, -limit, limit, bias)
 
 
-class Observed(NamedTuple):
+@dataclasses.dataclass(frozen=True, eq=False)
+class Observed:
     """A kernel [in, out] multiplied as it is, which records the largest input magnitude
-    it multiplies in `largest` (a float32 tf.Variable []): calibration's kernel."""
+    it multiplies in `largest` (a float32 tf.Variable []): calibration's kernel. Not a
+    tuple, so that tf.nest takes it whole: a search reads its weights' variables once,
+    before its loop (TransformerStep.start), and this one must stay a variable."""
 
     kernel: tf.Tensor
     largest: tf.Variable
 
 
-def _static_int8(x, kernel: StaticInt8Kernel, bias):
+def _static_int8(x, kernel: StaticInt8Kernel):
     """dense of a StaticInt8Kernel: x rounded into qint8 by the kernel's input range (one
-    QuantizeV2), oneDNN's int8 matmul with the float32 bias and the dequantization to x's
-    dtype fused."""
-    dtype = x.dtype
-    limit = kernel.input_range
-    q = tf.raw_ops.QuantizeV2(input=tf.cast(x, tf.float32), min_range=-limit,
-                              max_range=limit, T=tf.qint8, mode="SCALED", narrow_range=True)
-    bias = tf.zeros_like(kernel.weight_max) if bias is None else bias
-    return _int8_matmul(q.output, kernel.values, bias, -limit, limit, kernel.weight_min,
-                        kernel.weight_max, dtype)
+    QuantizeV2, which takes float32), oneDNN's int8 matmul with the float32 bias and the
+    dequantization to float32 fused: float32 [rows, out]. A float32 x saves the cast:
+    the int8_bfloat16 step keeps its residual stream in float32 (`static_step_weights`)."""
+    return _int8_matmul(_quantize(x, kernel), kernel.values, kernel.bias, kernel.input_min,
+                        kernel.input_max, kernel.weight_min, kernel.weight_max, tf.float32)
 
 
-def _int8_matmul(q, values, bias, input_min, input_max, weight_min, weight_max, dtype):
-    """oneDNN's `_QuantizedMatMul` of qint8 q [rows, in] (its range input_min..input_max)
-    and int8 values [in, out] (per-column ranges weight_min, weight_max [out]), float32
-    bias [out] added and the product dequantized to dtype: [rows, out]. The weight is
-    constant (a model's), so oneDNN keeps its reordered copy from one call to the next;
-    reordering it at every call makes the kernel some 600 times slower."""
+def _quantize(x, kernel: StaticInt8Kernel):
+    """x [rows, in] rounded into qint8 by the kernel's input range."""
+    return tf.raw_ops.QuantizeV2(input=tf.cast(x, tf.float32), min_range=kernel.input_min,
+                                 max_range=kernel.input_max, T=tf.qint8, mode="SCALED",
+                                 narrow_range=True).output
+
+
+def relu_feed_forward(x, inner: StaticInt8Kernel, outer: StaticInt8Kernel):
+    """max(0, x W_1 + b_1) W_2 + b_2 of StaticInt8Kernels (the paper's FFN): the inner
+    matmul's bias, ReLU and rounding into quint8 by the outer's input range fused into
+    it, so that no float tensor [rows, d_ff] is written between the two (3% of the FFN's
+    time at 256 rows on one thread of an AVX-512 EPYC): float32 [rows, d_model]. The
+    range is the outer's calibrated largest input, which ReLU's output (>= 0) fills in
+    quint8's 255 steps."""
+    hidden = _int8_matmul(_quantize(x, inner), inner.values, inner.bias, inner.input_min,
+                          inner.input_max, inner.weight_min, inner.weight_max, tf.quint8,
+                          relu_into=(outer.input_min, outer.input_max))
+    return _int8_matmul(hidden, outer.values, outer.bias, outer.input_min, outer.input_max,
+                        outer.weight_min, outer.weight_max, tf.float32)
+
+
+def _int8_matmul(q, values, bias, input_min, input_max, weight_min, weight_max, dtype,
+                 relu_into=None):
+    """oneDNN's `_QuantizedMatMul` of q [rows, in] (qint8, or quint8 with input_min
+    ignored; its range input_min..input_max) and int8 values [in, out] (per-column ranges
+    weight_min, weight_max [out]), float32 bias [out] added and the product dequantized to
+    dtype: [rows, out]. relu_into=(min, max): then ReLU too, and the product rounded into
+    dtype quint8 by that range instead. The weight is constant (a model's), so oneDNN
+    keeps its reordered copy from one call to the next; reordering it at every call makes
+    the kernel some 600 times slower."""
+    fused, extra, outputs = ["BiasAdd", "Dequantize"], [], [dtype]
+    if relu_into is not None:
+        fused, extra, outputs = ["BiasAdd", "Relu", "Requantize"], list(relu_into), [
+            dtype, tf.float32, tf.float32]
     _, _, op, _ = op_def_library._apply_op_helper(
         "_QuantizedMatMul", name="int8_matmul", device_inputs=[],
         host_inputs=[q, tf.bitcast(values, tf.qint8), bias, input_min, input_max,
-                     weight_min, weight_max],
-        Thost_outputs=[dtype], Tdevice_outputs=[], T1=tf.qint8, T2=tf.qint8,
-        Tbias=tf.float32, Tout=dtype, U=tf.float32, fused_ops=["BiasAdd", "Dequantize"],
+                     weight_min, weight_max, *extra],
+        Thost_outputs=outputs, Tdevice_outputs=[], T1=q.dtype, T2=tf.qint8,
+        Tbias=tf.float32, Tout=dtype, U=tf.float32, fused_ops=fused,
         input_quant_mode="SCALED", output_quant_mode="SCALED", is_weight_const=True,
         is_bias_const=True, transpose_a=False, transpose_b=False, leakyrelu_alpha=0.2)
     return op.outputs[0]
@@ -122,12 +158,15 @@ def dense(x, kernel, bias=None):
     kernel: a tensor [in, out] (float32 or bfloat16, the matmul in x's dtype); an
     Int8Kernel: then x is quantized per row (each row divided by its largest magnitude,
     rounded to int8), multiplied as int8 by oneDNN, and the output rescaled and the bias
-    added in float32; a StaticInt8Kernel (bias float32): x rounded by its fixed range; or
-    an Observed one. The result is in x's dtype. An int8 kernel must be the same at every
-    call of the graph (a weight): oneDNN keeps its reordered copy.
+    added in float32; a StaticInt8Kernel (which carries its bias): x rounded by its fixed
+    range, the result float32; or an Observed one. Otherwise the result is in x's dtype.
+    An int8 kernel must be the same at every call of the graph (a weight): oneDNN keeps its
+    reordered copy.
     """
     if isinstance(kernel, StaticInt8Kernel):
-        return _static_int8(x, kernel, bias)
+        if bias is not None:
+            raise ValueError("a StaticInt8Kernel carries its own bias")
+        return _static_int8(x, kernel)
     if isinstance(kernel, Observed):
         largest = tf.reduce_max(tf.abs(tf.cast(x, tf.float32)))
         kernel.largest.assign(tf.maximum(kernel.largest, largest))
@@ -210,16 +249,26 @@ def observed_step_weights(weights):
 
 def static_step_weights(weights, float32_weights, input_ranges):
     """bfloat16 step weights (`Transformer.step_weights` of a bfloat16 Transformer) with
-    every matmul a `StaticInt8Kernel`: the float32 model's kernel and bias (float32_weights,
-    the same model's step weights in float32) with input_ranges[name] (from
-    `observed_step_weights`' searches on calibration sentences)."""
+    every matmul a `StaticInt8Kernel` (the float32 model's kernel and bias, from
+    float32_weights, the same model's step weights in float32, with input_ranges[name]
+    from `observed_step_weights`' searches on calibration sentences) and the float32
+    position table: the step's residual stream (the embedding plus positions, the
+    residual sums and layer norms) is then float32, which the int8 matmuls read and
+    return, and only attention (its products and caches) runs in bfloat16. A bfloat16
+    stream would cost a cast on each side of every matmul and layer norm. The layer norms
+    are oneDNN's fused one (`OneDnnNorm`), as the matmuls are oneDNN's."""
     exact = {}
     map_step_kernels(float32_weights,
                      lambda name, kernel, bias: exact.setdefault(name, (kernel, bias)))
 
     def quantize(name, kernel, bias):
         kernel, bias = exact[name]
-        return (StaticInt8Kernel.of(kernel, input_ranges[name]),
-                None if bias is None else tf.cast(bias, tf.float32))
+        return StaticInt8Kernel.of(kernel, input_ranges[name], bias), None
 
-    return map_step_kernels(weights, quantize)
+    weights = map_step_kernels(weights, quantize)
+    decoder = weights["decoder"]
+    norms = {"layers": [{name: OneDnnNorm(*w) if name.endswith("_residual") else w
+                         for name, w in layer.items()} for layer in decoder["layers"]],
+             "final_norm": decoder["final_norm"] and OneDnnNorm(*decoder["final_norm"])}
+    return {**weights, "decoder": {**decoder, **norms},
+            "positions": float32_weights["positions"]}

@@ -1,6 +1,7 @@
 """The residual connection around every sublayer (paper section 3.1 and 5.4)."""
 
 import keras
+import tensorflow as tf
 
 from keras_transformer.dropout import Dropout
 from keras_transformer.normalization import LayerNormalization, layer_norm
@@ -60,12 +61,13 @@ class Residual(keras.layers.Layer):
     def step_sublayer_input(self, x, weights):
         """`sublayer_input` in incremental decoding: x [rows, d_model], weights from
         `step_weights`."""
-        return layer_norm(x, *weights, self.layer_norm.epsilon) if self.pre_norm else x
+        return layer_norm(x, weights, self.layer_norm.epsilon) if self.pre_norm else x
 
     def step(self, x, sublayer_output, weights):
-        """`call` in incremental decoding (inference: no dropout): [rows, d_model]."""
-        total = x + sublayer_output
-        return total if self.pre_norm else layer_norm(total, *weights, self.layer_norm.epsilon)
+        """`call` in incremental decoding (inference: no dropout): [rows, d_model] in x's
+        dtype (an int8 matmul's float32 output added to a float32 stream as it is)."""
+        total = x + tf.cast(sublayer_output, x.dtype)
+        return total if self.pre_norm else layer_norm(total, weights, self.layer_norm.epsilon)
 
     def compute_output_shape(self, x_shape, sublayer_output_shape=None):
         return x_shape

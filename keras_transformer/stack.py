@@ -64,7 +64,7 @@ class LayerStack(keras.layers.Layer):
         `final_norm_weights`."""
         if self.final_norm is None:
             return x
-        return layer_norm(x, *weights, self.final_norm.epsilon)
+        return layer_norm(x, weights, self.final_norm.epsilon)
 
     def compute_output_shape(self, x_shape, *args, **kwargs):
         return x_shape

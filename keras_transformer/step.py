@@ -17,6 +17,7 @@ import tensorflow as tf
 from keras_transformer.attention import ELEMENTWISE_MAX_ROWS
 from keras_transformer.log_probs import LogProbs
 from keras_transformer.masking import padding_mask
+from keras_transformer.normalization import OneDnnNorm
 from keras_transformer.packing import Packing
 from keras_transformer.search import Step
 
@@ -96,7 +97,7 @@ class TransformerStep(Step):
         cache = self.model.initial_cache(encoder_output, rows_per_sentence,
                                          width + 1 if self.fixed_shapes else 0, packing)
         weights = (self.model.step_weights(width + 1) if self.given_weights is None
-                   else self.given_weights)
+                   else _read(self.given_weights))
         if self.vocabulary is not None:  # the projection's rows gathered once per batch
             weights = {**weights, "embedding": self.model.embedding.restrict_step_weights(
                 weights["embedding"], self.vocabulary)}
@@ -161,9 +162,20 @@ class TransformerStep(Step):
         return state
 
 
+def _read(weights):
+    """Given step weights with their variables (an export's int8 weights) read here, once
+    per search: read where the loop uses them, every step would read each again (some 175
+    reads a step of the recipe's int8 export)."""
+    return tf.nest.map_structure(
+        lambda w: tf.convert_to_tensor(w) if isinstance(w, tf.Variable) else w, weights)
+
+
 def _with_elementwise(weights, elementwise):
     """A copy of step weights (nested dicts, lists and tuples) with every attention's
-    "elementwise" set to `elementwise`."""
+    "elementwise" set to `elementwise`; with True (16 rows or fewer), OneDnnNorms become
+    plain ops' weights, faster at so few rows (keras_transformer.normalization)."""
+    if isinstance(weights, OneDnnNorm):
+        return (weights.gamma, weights.beta) if elementwise else weights
     if isinstance(weights, dict):
         return {key: elementwise if key == "elementwise" else _with_elementwise(value, elementwise)
                 for key, value in weights.items()}

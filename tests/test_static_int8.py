@@ -12,7 +12,9 @@ import tensorflow as tf
 from keras_transformer import BOS_ID, DecodeConfig, Transformer, TransformerConfig
 from keras_transformer import TransformerStep, beam_search
 from keras_transformer.quantization import (StaticInt8Kernel, dense, map_step_kernels,
-                                            observed_step_weights, static_step_weights)
+                                            observed_step_weights, relu_feed_forward,
+                                            static_step_weights)
+from keras_transformer.normalization import OneDnnNorm, layer_norm
 from trainer.serving import calibration, saved_model
 
 
@@ -23,14 +25,33 @@ def test_a_static_int8_matmul_rounds_by_its_range_and_clips_beyond_it():
     bias = rng.normal(size=48).astype("float32")
     limit = float(np.abs(x[:5]).max())  # the last row goes beyond it
     x[5] *= 3.0 * limit / np.abs(x[5]).max()
-    static = StaticInt8Kernel.of(kernel, limit)
-    int8 = tf.function(lambda x: dense(tf.cast(x, tf.bfloat16), static, bias))(x)
-    assert int8.dtype == tf.bfloat16  # the step's dtype, the bias fused in float32
+    static = StaticInt8Kernel.of(kernel, limit, bias)
+    int8 = tf.function(lambda x: dense(tf.cast(x, tf.bfloat16), static))(x)
+    assert int8.dtype == tf.float32  # the residual stream's, the bias fused in float32
+    with pytest.raises(ValueError, match="carries its own bias"):
+        dense(x, static, bias)
     expected = np.clip(x, -limit, limit) @ kernel + bias
-    error = np.abs(int8.numpy().astype("float32") - expected).max(axis=1)
+    error = np.abs(int8.numpy() - expected).max(axis=1)
     assert (error / np.abs(expected - bias).max(axis=1)).max() < 0.03, error
     unclipped = x[5] @ kernel + bias
-    assert np.abs(int8.numpy()[5].astype("float32") - unclipped).max() > 10 * error[5]
+    assert np.abs(int8.numpy()[5] - unclipped).max() > 10 * error[5]
+
+
+def test_an_int8_relu_feed_forward_is_the_float_one_to_within_its_rounding():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(8, 64)).astype("float32")
+    w_1, w_2 = (rng.normal(size=shape).astype("float32") / 8 for shape in ((64, 96), (96, 64)))
+    b_1, b_2 = (rng.normal(size=n).astype("float32") for n in (96, 64))
+    hidden = np.maximum(x @ w_1 + b_1, 0.0)
+    expected = hidden @ w_2 + b_2
+    inner = StaticInt8Kernel.of(w_1, np.abs(x).max(), b_1)
+    outer = StaticInt8Kernel.of(w_2, hidden.max(), b_2)
+    y = tf.function(lambda x: relu_feed_forward(x, inner, outer))(x).numpy()
+    assert (np.abs(y - expected).max(axis=1) / np.abs(expected).max(axis=1)).max() < 0.03
+    # The same as rounding the float ReLU output by the outer's range: no ReLU dropped,
+    # no range mixed up (which the bound above would still let through for some rows).
+    unfused = tf.function(lambda x: dense(tf.nn.relu(dense(x, inner)), outer))(x).numpy()
+    assert np.abs(y - unfused).max() < 0.02 * np.abs(expected).max()
 
 
 def tiny(dtype):
@@ -79,13 +100,44 @@ def test_static_step_weights_make_every_decoding_matmul_int8_with_float32_biases
     found = {}
     map_step_kernels(weights, lambda name, kernel, bias: found.setdefault(name, (kernel, bias)))
     assert list(found) == names
+    exact = {}
+    map_step_kernels(float32_model.step_weights(length),
+                     lambda name, kernel, bias: exact.setdefault(name, (kernel, bias)))
     for name, (kernel, bias) in found.items():
         assert isinstance(kernel, StaticInt8Kernel) and kernel.values.dtype == tf.int8
-        assert kernel.input_range.numpy() == ranges[name]
-        assert bias is None or bias.dtype == tf.float32
+        assert kernel.input_max.numpy() == ranges[name] == -kernel.input_min.numpy()
+        assert bias is None and kernel.bias.dtype == tf.float32  # the kernel carries it
+        expected = exact[name][1]
+        np.testing.assert_array_equal(kernel.bias.numpy(), 0.0 if expected is None
+                                      else expected.numpy())
     assert weights["embedding"]["matrix"].dtype == tf.bfloat16
+    # The residual stream is float32: the int8 matmuls read and return it without casts.
+    assert weights["positions"].dtype == tf.float32
+    norms = [w for layer in weights["decoder"]["layers"] for name, w in layer.items()
+             if name.endswith("_residual")]
+    assert len(norms) == 3 * model.config.num_layers
+    assert all(isinstance(w, OneDnnNorm) for w in norms)
     assert weights["decoder"]["layers"][0]["self_attention"]["input_kernel"].values.shape == (
         model.config.d_model, 3 * model.config.d_model)
+
+
+def test_onednns_layer_norm_is_the_plain_ops_one_and_few_rows_run_the_plain_ops():
+    rng = np.random.default_rng(2)
+    x = tf.constant(rng.normal(size=(300, 64)).astype("float32") * 3.0 + 1.0)
+    gamma, beta = (tf.constant(rng.normal(size=64).astype("float32")) for _ in range(2))
+    fused = tf.function(lambda x: layer_norm(x, OneDnnNorm(gamma, beta), 1e-6))(x)
+    np.testing.assert_allclose(fused.numpy(), layer_norm(x, (gamma, beta), 1e-6).numpy(),
+                               atol=2e-5)
+    model = tiny("float32")
+    step = TransformerStep(model, SOURCES, weights={
+        **model.step_weights(model.config.max_length),
+        "decoder": {"layers": [{"feed_forward_residual": OneDnnNorm(gamma, beta)}],
+                    "final_norm": None}})
+    step.start(rows_per_sentence=3, width=5)
+    for elementwise, kind in ((True, tuple), (None, OneDnnNorm), (False, OneDnnNorm)):
+        norm = step.with_elementwise(elementwise).weights["decoder"]["layers"][0][
+            "feed_forward_residual"]
+        assert type(norm) is kind
 
 
 def test_int8_bfloat16_needs_calibration_sentences_and_only_it_takes_them(tmp_path):
