@@ -7,11 +7,12 @@ dequantization fused. Two ways to round its input, one per export:
   time (CTranslate2's way), the rest of the step in float32. Computing a row's scale takes
   seven TensorFlow ops around each matmul.
 - `StaticInt8Kernel` (`--serving_dtype=int8_bfloat16`): by one range per matmul, measured
-  once on calibration sentences (`Observed`, `static_step_weights`), the rest of the step
-  in bfloat16: one op (QuantizeV2) before each matmul, whose bias and output cast are fused.
+  once on calibration sentences (`Observed`, `static_step_weights`): one op (QuantizeV2)
+  before each matmul, whose bias and dequantization are fused; attention in bfloat16, the
+  residual stream (sums and layer norms) in float32, which the matmuls read and return.
 
-Only the step's matmuls change (keras_transformer.step, `dense`): the encoder, the
-attentions' products, the layer norms, the softmax and the search keep the step's dtype.
+Only the step changes (keras_transformer.step, `dense`): the encoder, the softmax and the
+search keep the model's dtype.
 The largest error a per-row matmul adds is about 1% of its output's largest magnitude
 (bench/sweeps/int8_matmul.py; with 7-bit weights, up to 2%: see _WEIGHT_RANGE).
 """
