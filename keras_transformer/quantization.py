@@ -99,17 +99,20 @@ class Observed:
     largest: tf.Variable
 
 
-def _static_int8(x, kernel: StaticInt8Kernel):
-    """dense of a StaticInt8Kernel: x rounded into qint8 by the kernel's input range (one
-    QuantizeV2, which takes float32), oneDNN's int8 matmul with the float32 bias and the
-    dequantization to float32 fused: float32 [rows, out]. A float32 x saves the cast:
-    the int8_bfloat16 step keeps its residual stream in float32 (`static_step_weights`)."""
-    return _int8_matmul(_quantize(x, kernel), kernel.values, kernel.bias, kernel.input_min,
-                        kernel.input_max, kernel.weight_min, kernel.weight_max, tf.float32)
+def _static_int8(q, kernel: StaticInt8Kernel, relu_into: StaticInt8Kernel = None):
+    """oneDNN's int8 matmul of q (`_quantize`d by the kernel's input range) with the
+    kernel's float32 bias and the dequantization fused: float32 [rows, out]; with
+    relu_into, ReLU too and the product rounded into quint8 by relu_into's input range
+    (what that kernel's matmul reads next)."""
+    return _int8_matmul(q, kernel.values, kernel.bias, kernel.input_min, kernel.input_max,
+                        kernel.weight_min, kernel.weight_max, relu_into=None if relu_into is None
+                        else (relu_into.input_min, relu_into.input_max))
 
 
 def _quantize(x, kernel: StaticInt8Kernel):
-    """x [rows, in] rounded into qint8 by the kernel's input range."""
+    """x [rows, in] rounded into qint8 by the kernel's input range (one QuantizeV2, which
+    takes float32: a float32 x saves the cast, and the int8_bfloat16 step keeps its
+    residual stream in float32, `static_step_weights`)."""
     return tf.raw_ops.QuantizeV2(input=tf.cast(x, tf.float32), min_range=kernel.input_min,
                                  max_range=kernel.input_max, T=tf.qint8, mode="SCALED",
                                  narrow_range=True).output
@@ -122,26 +125,22 @@ def relu_feed_forward(x, inner: StaticInt8Kernel, outer: StaticInt8Kernel):
     time at 256 rows on one thread of an AVX-512 EPYC): float32 [rows, d_model]. The
     range is the outer's calibrated largest input, which ReLU's output (>= 0) fills in
     quint8's 255 steps."""
-    hidden = _int8_matmul(_quantize(x, inner), inner.values, inner.bias, inner.input_min,
-                          inner.input_max, inner.weight_min, inner.weight_max, tf.quint8,
-                          relu_into=(outer.input_min, outer.input_max))
-    return _int8_matmul(hidden, outer.values, outer.bias, outer.input_min, outer.input_max,
-                        outer.weight_min, outer.weight_max, tf.float32)
+    return _static_int8(_static_int8(_quantize(x, inner), inner, relu_into=outer), outer)
 
 
-def _int8_matmul(q, values, bias, input_min, input_max, weight_min, weight_max, dtype,
+def _int8_matmul(q, values, bias, input_min, input_max, weight_min, weight_max,
                  relu_into=None):
     """oneDNN's `_QuantizedMatMul` of q [rows, in] (qint8, or quint8 with input_min
     ignored; its range input_min..input_max) and int8 values [in, out] (per-column ranges
     weight_min, weight_max [out]), float32 bias [out] added and the product dequantized to
-    dtype: [rows, out]. relu_into=(min, max): then ReLU too, and the product rounded into
-    dtype quint8 by that range instead. The weight is constant (a model's), so oneDNN
+    float32: [rows, out]. relu_into=(min, max): then ReLU too, and the product rounded
+    into quint8 by that range instead. The weight is constant (a model's), so oneDNN
     keeps its reordered copy from one call to the next; reordering it at every call makes
     the kernel some 600 times slower."""
-    fused, extra, outputs = ["BiasAdd", "Dequantize"], [], [dtype]
+    dtype, fused, extra, outputs = tf.float32, ["BiasAdd", "Dequantize"], [], [tf.float32]
     if relu_into is not None:
-        fused, extra, outputs = ["BiasAdd", "Relu", "Requantize"], list(relu_into), [
-            dtype, tf.float32, tf.float32]
+        dtype, fused, extra = tf.quint8, ["BiasAdd", "Relu", "Requantize"], list(relu_into)
+        outputs = [dtype, tf.float32, tf.float32]  # and the range it was rounded by
     _, _, op, _ = op_def_library._apply_op_helper(
         "_QuantizedMatMul", name="int8_matmul", device_inputs=[],
         host_inputs=[q, tf.bitcast(values, tf.qint8), bias, input_min, input_max,
@@ -167,7 +166,7 @@ def dense(x, kernel, bias=None):
     if isinstance(kernel, StaticInt8Kernel):
         if bias is not None:
             raise ValueError("a StaticInt8Kernel carries its own bias")
-        return _static_int8(x, kernel)
+        return _static_int8(_quantize(x, kernel), kernel)
     if isinstance(kernel, Observed):
         largest = tf.reduce_max(tf.abs(tf.cast(x, tf.float32)))
         kernel.largest.assign(tf.maximum(kernel.largest, largest))
@@ -184,7 +183,7 @@ def dense(x, kernel, bias=None):
     # quantize_kernel rounded it into.
     # The bias goes in after the rows are scaled back, so the kernel's bias is zero.
     y = _int8_matmul(q.output, kernel.values, tf.zeros_like(kernel.scales), -1.0, 1.0,
-                     -_RANGE * kernel.scales, _RANGE * kernel.scales, tf.float32) * top
+                     -_RANGE * kernel.scales, _RANGE * kernel.scales) * top
     return tf.cast(y if bias is None else tf.nn.bias_add(y, tf.cast(bias, tf.float32)), dtype)
 
 

@@ -12,7 +12,8 @@ import tensorflow as tf
 
 from keras_transformer import (BOS_ID, EOS_ID, PAD_ID, DecodeConfig, Transformer,
                                TransformerConfig, TransformerStep, beam_search)
-from keras_transformer.quantization import quantize_step_weights, static_step_weights
+from keras_transformer.quantization import (StaticInt8Kernel, quantize_step_weights,
+                                            static_step_weights)
 from keras_transformer.log_probs import as_log_probs
 from keras_transformer.search import WrappedStep
 from keras_transformer.shortlist import SPECIAL_IDS, Shortlist
@@ -119,7 +120,10 @@ def float_projection(step_weights):
         return None
     embedding = step_weights["embedding"]
     matrix = embedding["matrix"]
-    bias = {"bias": tf.cast(embedding["bias"], matrix.dtype)} if "bias" in embedding else {}
+    projection = embedding.get("projection")
+    bias = (projection.bias if isinstance(projection, StaticInt8Kernel)  # it carries it
+            else embedding.get("bias"))
+    bias = {} if bias is None else {"bias": tf.cast(bias, matrix.dtype)}
     return {**step_weights, "embedding": {"matrix": matrix, "output_matrix": matrix, **bias}}
 
 
