@@ -186,12 +186,28 @@ class MultiHeadAttention(keras.layers.Layer):
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         return _swap_length_and_heads(ops.reshape(x, (batch, length, self.num_heads, depth)))
 
-    def project_key_value(self, value, packing=None):
+    def project_key_value(self, value, packing=None, weights=None):
         """Per-head keys and values of `value` [batch, k_len, d_model] (or packed
         [tokens, d_model] and its `Packing`: projected before unpacking):
-        ([batch, heads, k_len, d_k], [batch, heads, k_len, d_v])."""
-        return (self._split_heads(self.key_dense(value), self.key_dim, packing),
-                self._split_heads(self.value_dense(value), self.value_dim, packing))
+        ([batch, heads, k_len, d_k], [batch, heads, k_len, d_v]). weights: None (the
+        layer's own), or `key_value_weights()` or int8 ones made from them (the packed
+        value then 2-D, as `dense` takes it)."""
+        if weights is None:
+            keys, values = self.key_dense(value), self.value_dense(value)
+        else:
+            keys, values = tf.split(tf.cast(dense(value, *weights), self.compute_dtype),
+                                    [self.num_heads * self.key_dim,
+                                     self.num_heads * self.value_dim], axis=-1)
+        return (self._split_heads(keys, self.key_dim, packing),
+                self._split_heads(values, self.value_dim, packing))
+
+    def key_value_weights(self):
+        """The key and value projections fused, (kernel [d_model, h * (d_k + d_v)], bias),
+        in the compute dtype: what `project_key_value` reads when given its weights."""
+        kernels, biases = zip(*((tf.cast(tf.convert_to_tensor(w), self.compute_dtype)
+                                 for w in (dense.kernel, dense.bias))
+                                for dense in (self.key_dense, self.value_dense)))
+        return tf.concat(kernels, axis=1), tf.concat(biases, 0)
 
     def attend(self, query, key_value, attention_mask=None, training=None, packing=None):
         """Attention of `query` [batch, q_len, d_model] over projected `key_value`
@@ -315,6 +331,32 @@ class MultiHeadAttention(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "d_model": self.d_model,
                 "key_dim": self.key_dim, "value_dim": self.value_dim, "dropout": self.dropout}
+
+
+def packed_self_attention(attention, x, mask, weights, packing):
+    """Self-attention over a packed source's tokens in inference, on plain tensors and
+    given weights: the encoder's `call` for weights other than its layers' own (an int8
+    export's, keras_transformer.quantization), as a decoding step reads them.
+
+    Args:
+      attention: the MultiHeadAttention (its heads and depths).
+      x: [tokens, d_model], the sublayer input, packed by the source's `packing`.
+      mask: bool [batch, 1, 1, src_len], True for real tokens.
+      weights: attention.step_weights(self_attention=True) (queries pre-scaled, one
+        fused projection), or int8 ones made from them.
+    Returns:
+      [tokens, d_model], in the compute dtype (float32 from an int8 projection).
+    """
+    h, d_k, d_v = attention.num_heads, attention.key_dim, attention.value_dim
+    projected = tf.cast(dense(x, weights["input_kernel"], weights["input_bias"]),
+                        attention.compute_dtype)  # [tokens, h * (2 d_k + d_v)]
+    query, key, value = (attention._split_heads(part, depth, packing) for part, depth in zip(
+        tf.split(projected, [h * d_k, h * d_k, h * d_v], axis=1), (d_k, d_k, d_v)))
+    logits = tf.cast(tf.matmul(query, key, transpose_b=True), tf.float32)
+    probabilities = tf.nn.softmax(tf.where(mask, logits, MASKED_LOGIT), axis=-1)
+    heads = _swap_length_and_heads(tf.matmul(tf.cast(probabilities, value.dtype), value))
+    heads = tf.reshape(heads, tf.concat([tf.shape(heads)[:2], [h * d_v]], 0))
+    return _step_output(packing.pack(heads), weights)
 
 
 def _step_output(heads, weights):

@@ -86,7 +86,8 @@ class DecoderLayer(keras.layers.Layer):
         x = self.feed_forward_residual(x, y, training=training)
         return (x, weights) if return_attention_scores else x
 
-    def initial_cache(self, encoder_output, beam_size=1, width=0, source_packing=None):
+    def initial_cache(self, encoder_output, beam_size=1, width=0, source_packing=None,
+                      key_value=None):
         """The cache before the first step: no self-attention keys and values yet, and
         the encoder-decoder keys and values, once per sentence (its beams share them).
 
@@ -97,12 +98,15 @@ class DecoderLayer(keras.layers.Layer):
           width: 0, a cache that every step extends by one position; or the positions
             a search may decode, a fixed-width cache (XLA's fixed shapes) that step
             `index` writes.
+          key_value: None, or the encoder-decoder attention's fused key and value
+            projections (MultiHeadAttention.key_value_weights, or int8 ones made from
+            them) to project with.
         Returns a dict: "key" [batch * beam_size, heads, width, d_k] and "value"
         [batch * beam_size, heads, width, d_v], zeros; "cross_key"
         [batch, heads, src_len, d_k] and "cross_value" [batch, heads, src_len, d_v].
         """
-        cross_key, cross_value = self.cross_attention.project_key_value(encoder_output,
-                                                                        source_packing)
+        cross_key, cross_value = self.cross_attention.project_key_value(
+            encoder_output, source_packing, key_value)
         rows = ops.shape(cross_key)[0] * beam_size
         attention = self.self_attention
         return {
@@ -229,10 +233,13 @@ class Decoder(LayerStack):
         x = self.finish(x)
         return (x, all_weights) if return_attention_scores else x
 
-    def initial_cache(self, encoder_output, beam_size=1, width=0, source_packing=None):
-        """A list of N per-layer caches (see DecoderLayer.initial_cache)."""
-        return [layer.initial_cache(encoder_output, beam_size, width, source_packing)
-                for layer in self.layers]
+    def initial_cache(self, encoder_output, beam_size=1, width=0, source_packing=None,
+                      key_value=None):
+        """A list of N per-layer caches (see DecoderLayer.initial_cache); key_value: None,
+        or a list of each layer's."""
+        key_value = key_value or [None] * self.num_layers
+        return [layer.initial_cache(encoder_output, beam_size, width, source_packing, weights)
+                for layer, weights in zip(self.layers, key_value)]
 
     def step_weights(self, elementwise=None):
         """What `step` reads, read once per decoding search: a dict of the N layers'

@@ -2,7 +2,7 @@
 
 import keras
 
-from keras_transformer.attention import MultiHeadAttention
+from keras_transformer.attention import MultiHeadAttention, packed_self_attention
 from keras_transformer.feed_forward import PositionwiseFeedForward
 from keras_transformer.residual import Residual
 from keras_transformer.stack import LayerStack
@@ -78,6 +78,27 @@ class EncoderLayer(keras.layers.Layer):
         x = self.feed_forward_residual(x, y, training=training)
         return (x, weights) if return_attention_scores else x
 
+    def step_weights(self):
+        """What `with_weights` reads, as tensors: the self-attention's fused, pre-scaled
+        projections (MultiHeadAttention.step_weights), the feed-forward's and the layer
+        norms' weights; a dict."""
+        return {"self_attention": self.self_attention.step_weights(True),
+                "feed_forward": self.feed_forward.step_weights(),
+                **{name: getattr(self, name).step_weights()
+                   for name in ("self_attention_residual", "feed_forward_residual")}}
+
+    def with_weights(self, x, attention_mask, weights, packing):
+        """`call` in inference on plain tensors and given weights (`step_weights`, or
+        int8 ones made from them): x [tokens, d_model], packed by the source's `packing`
+        -> [tokens, d_model] in x's dtype."""
+        residual, norm = self.self_attention_residual, weights["self_attention_residual"]
+        y = packed_self_attention(self.self_attention, residual.step_sublayer_input(x, norm),
+                                  attention_mask, weights["self_attention"], packing)
+        x = residual.step(x, y, norm)
+        residual, norm = self.feed_forward_residual, weights["feed_forward_residual"]
+        y = self.feed_forward.step(residual.step_sublayer_input(x, norm), weights["feed_forward"])
+        return residual.step(x, y, norm)
+
     def compute_output_shape(self, x_shape, attention_mask_shape=None):
         return x_shape
 
@@ -123,3 +144,16 @@ class Encoder(LayerStack):
             all_weights.append(weights)
         x = self.finish(x)
         return (x, all_weights) if return_attention_scores else x
+
+    def step_weights(self):
+        """What `with_weights` reads: the N layers' EncoderLayer.step_weights and the
+        final norm's; a dict."""
+        return {"layers": [layer.step_weights() for layer in self.layers],
+                "final_norm": self.final_norm_weights()}
+
+    def with_weights(self, x, attention_mask, weights, packing):
+        """`call` in inference on given weights (EncoderLayer.with_weights): packed x
+        [tokens, d_model] -> [tokens, d_model]."""
+        for layer, layer_weights in zip(self.layers, weights["layers"]):
+            x = layer.with_weights(x, attention_mask, layer_weights, packing)
+        return self.finish_step(x, weights["final_norm"])

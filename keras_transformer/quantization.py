@@ -155,11 +155,12 @@ def _int8_matmul(q, values, bias, input_min, input_max, weight_min, weight_max,
 def dense(x, kernel, bias=None):
     """x [rows, in] @ kernel + bias -> [rows, out], the step's one way to project.
 
-    kernel: a tensor [in, out] (float32 or bfloat16, the matmul in x's dtype); an
+    kernel: a tensor [in, out] (float32 or bfloat16, the matmul in its dtype); an
     Int8Kernel: then x is quantized per row (each row divided by its largest magnitude,
     rounded to int8), multiplied as int8 by oneDNN, and the output rescaled and the bias
     added in float32; a StaticInt8Kernel (which carries its bias): x rounded by its fixed
-    range, the result float32; or an Observed one. Otherwise the result is in x's dtype.
+    range, the result float32; or an Observed one. Otherwise the result is in the
+    kernel's dtype.
     An int8 kernel must be the same at every call of the graph (a weight): oneDNN keeps its
     reordered copy.
     """
@@ -172,7 +173,7 @@ def dense(x, kernel, bias=None):
         kernel.largest.assign(tf.maximum(kernel.largest, largest))
         kernel = kernel.kernel
     if not isinstance(kernel, Int8Kernel):
-        y = tf.matmul(x, kernel)
+        y = tf.matmul(tf.cast(x, kernel.dtype), kernel)
         return y if bias is None else tf.nn.bias_add(y, bias)
     dtype = x.dtype
     x = tf.cast(x, tf.float32)
@@ -193,7 +194,10 @@ def map_step_kernels(weights, fn: Callable):
     decoder layer's attention projections and feed-forward kernels ("layers/0/self/input",
     ".../self/output", ".../cross/input", ".../cross/output", ".../feed_forward/1",
     ".../feed_forward/2") and the output projection ("projection": in bfloat16 weights the
-    transpose of "output_matrix"). The embedding rows, position table and layer norms stay
+    transpose of "output_matrix"); and when the weights carry the encoder's
+    (`Transformer.encoder_weights` as "encoder"), each encoder layer's ("encoder/layers/0/
+    self/input", ...) and each decoder layer's encoder-decoder keys and values
+    ("encoder/key_value/0", ...). The embedding rows, position table and layer norms stay
     as they are."""
     def attention(name, w):
         w = dict(w)
@@ -204,10 +208,10 @@ def map_step_kernels(weights, fn: Callable):
 
     def layer(name, w):
         w_1, b_1, w_2, b_2 = w["feed_forward"]
-        return {**w, "self_attention": attention(f"{name}/self", w["self_attention"]),
-                "cross_attention": attention(f"{name}/cross", w["cross_attention"]),
-                "feed_forward": (*fn(f"{name}/feed_forward/1", w_1, b_1),
-                                 *fn(f"{name}/feed_forward/2", w_2, b_2))}
+        attentions = {key: attention(f"{name}/{key[:-len('_attention')]}", w[key])
+                      for key in ("self_attention", "cross_attention") if key in w}
+        return {**w, **attentions, "feed_forward": (*fn(f"{name}/feed_forward/1", w_1, b_1),
+                                                    *fn(f"{name}/feed_forward/2", w_2, b_2))}
 
     embedding = weights["embedding"]
     projection = embedding.get("projection")
@@ -215,11 +219,19 @@ def map_step_kernels(weights, fn: Callable):
         projection = tf.transpose(embedding["output_matrix"])
     projection, bias = fn("projection", projection, embedding.get("bias"))
     decoder = weights["decoder"]
-    return {**weights,
-            "embedding": {"matrix": embedding["matrix"], "projection": projection,
-                          **({} if bias is None else {"bias": bias})},
-            "decoder": {**decoder, "layers": [layer(f"layers/{i}", w)
-                                              for i, w in enumerate(decoder["layers"])]}}
+    mapped = {**weights,
+              "embedding": {"matrix": embedding["matrix"], "projection": projection,
+                            **({} if bias is None else {"bias": bias})},
+              "decoder": {**decoder, "layers": [layer(f"layers/{i}", w)
+                                                for i, w in enumerate(decoder["layers"])]}}
+    if "encoder" in weights:
+        encoder = weights["encoder"]["encoder"]
+        mapped["encoder"] = {
+            "encoder": {**encoder, "layers": [layer(f"encoder/layers/{i}", w)
+                                              for i, w in enumerate(encoder["layers"])]},
+            "key_value": [fn(f"encoder/key_value/{i}", kernel, bias)
+                          for i, (kernel, bias) in enumerate(weights["encoder"]["key_value"])]}
+    return mapped
 
 
 def quantize_step_weights(weights):
@@ -265,10 +277,15 @@ def static_step_weights(weights, float32_weights, input_ranges):
         kernel, bias = exact[name]
         return StaticInt8Kernel.of(kernel, input_ranges[name], bias), None
 
+    def one_dnn_norms(stack):  # a Decoder's or an Encoder's step weights
+        return {**stack, "final_norm": stack["final_norm"] and OneDnnNorm(*stack["final_norm"]),
+                "layers": [{name: OneDnnNorm(*w) if name.endswith("_residual") else w
+                            for name, w in layer.items()} for layer in stack["layers"]]}
+
     weights = map_step_kernels(weights, quantize)
-    decoder = weights["decoder"]
-    norms = {"layers": [{name: OneDnnNorm(*w) if name.endswith("_residual") else w
-                         for name, w in layer.items()} for layer in decoder["layers"]],
-             "final_norm": decoder["final_norm"] and OneDnnNorm(*decoder["final_norm"])}
-    return {**weights, "decoder": {**decoder, **norms},
-            "positions": float32_weights["positions"]}
+    weights = {**weights, "decoder": one_dnn_norms(weights["decoder"]),
+               "positions": float32_weights["positions"]}
+    if "encoder" in weights:
+        weights["encoder"] = {**weights["encoder"],
+                              "encoder": one_dnn_norms(weights["encoder"]["encoder"])}
+    return weights

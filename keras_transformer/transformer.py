@@ -115,13 +115,23 @@ class Transformer(keras.Model):
         self.encoder = Encoder(config.encoder_layers, name="encoder", **stack, **policy)
         self.decoder = Decoder(config.decoder_layers, name="decoder", **stack, **policy)
 
-    def encode(self, source_ids, training=None, return_attention_scores=False, packing=None):
+    def encode(self, source_ids, training=None, return_attention_scores=False, packing=None,
+               weights=None):
         """source_ids int [batch, src_len] -> encoder output [batch, src_len, d_model]
         (plus N encoder self-attention weights with return_attention_scores=True); with
-        `packing`, Packing(source_ids), the output is packed: [src_tokens, d_model]."""
+        `packing`, Packing(source_ids), the output is packed: [src_tokens, d_model].
+
+        weights: None (the layers' own), or, in inference with `packing`, the "encoder"
+        of `encoder_weights()` or int8 weights made from it: the residual stream is then
+        float32 (Encoder.with_weights) and so is the output."""
         embedding = self.embedding if self.source_embedding is None else self.source_embedding
         ids = source_ids if packing is None else packing.pack(source_ids)
         x = self.source_positions(embedding(ids), packing=packing)
+        if weights is not None:
+            if packing is None:
+                raise ValueError("an encoder of given weights runs on packed tokens")
+            return self.encoder.with_weights(tf.cast(x, tf.float32), padding_mask(source_ids),
+                                             weights, packing)
         x = self.source_dropout_layer(x, training=training)
         return self.encoder(x, padding_mask(source_ids), training=training,
                             return_attention_scores=return_attention_scores, packing=packing)
@@ -181,11 +191,24 @@ class Transformer(keras.Model):
         return self.decode(target_input_ids, encoder_output, source_ids, training=training,
                            packing=target, source_packing=source, project=project), target
 
-    def initial_cache(self, encoder_output, beam_size=1, width=0, source_packing=None):
+    def initial_cache(self, encoder_output, beam_size=1, width=0, source_packing=None,
+                      key_value=None):
         """The decoding cache of `beam_size` rows per sentence, growing (width 0) or of
         `width` positions, from `encode`'s output (packed with its `source_packing`; see
-        DecoderLayer.initial_cache)."""
-        return self.decoder.initial_cache(encoder_output, beam_size, width, source_packing)
+        DecoderLayer.initial_cache); key_value: None, or the "key_value" of
+        `encoder_weights()` (or int8 weights made from it)."""
+        return self.decoder.initial_cache(encoder_output, beam_size, width, source_packing,
+                                          key_value)
+
+    def encoder_weights(self):
+        """What `encode` and `initial_cache` read when given their weights, as tensors:
+        {"encoder": Encoder.step_weights, "key_value": each decoder layer's fused
+        encoder-decoder key and value projections}. A decoding step's weights carry them
+        as "encoder" when the encoder runs on weights of the export's own (int8:
+        keras_transformer.quantization.static_step_weights)."""
+        return {"encoder": self.encoder.step_weights(),
+                "key_value": [layer.cross_attention.key_value_weights()
+                              for layer in self.decoder.layers]}
 
     def step_weights(self, length, elementwise=None):
         """What `decode_step` reads, read once per search rather than at every step:

@@ -15,6 +15,7 @@ from keras_transformer.quantization import (StaticInt8Kernel, dense, map_step_ke
                                             observed_step_weights, relu_feed_forward,
                                             static_step_weights)
 from keras_transformer.normalization import OneDnnNorm, layer_norm
+from keras_transformer.packing import Packing
 from trainer.serving import calibration, saved_model
 
 
@@ -119,6 +120,51 @@ def test_static_step_weights_make_every_decoding_matmul_int8_with_float32_biases
     assert all(isinstance(w, OneDnnNorm) for w in norms)
     assert weights["decoder"]["layers"][0]["self_attention"]["input_kernel"].values.shape == (
         model.config.d_model, 3 * model.config.d_model)
+
+
+def test_the_encoder_on_given_weights_is_the_models_and_its_int8_matmuls_are_calibrated():
+    model, float32_model = tiny("bfloat16"), tiny("float32")
+    model.set_weights(float32_model.get_weights())
+    length, layers = model.config.max_length, model.config.num_layers
+    packing = Packing(SOURCES, custom_gradient=False)
+    # float32 weights of its own: the same encoder output and encoder-decoder keys and values
+    given = float32_model.encoder_weights()
+    own = float32_model.encode(SOURCES, training=False, packing=packing)
+    np.testing.assert_array_equal(float32_model.encode(
+        SOURCES, training=False, packing=packing, weights=given["encoder"]).numpy(), own.numpy())
+    for cache, expected in zip(float32_model.initial_cache(own, 3, 0, packing, given["key_value"]),
+                               float32_model.initial_cache(own, 3, 0, packing)):
+        for name in ("cross_key", "cross_value"):
+            np.testing.assert_array_equal(cache[name].numpy(), expected[name].numpy())
+
+    def step_weights(model):
+        return {**model.step_weights(length), "encoder": model.encoder_weights()}
+
+    @tf.function
+    def search(weights):
+        return beam_search(TransformerStep(model, SOURCES, weights=weights), SEARCH)
+
+    # A search reads the encoder's weights from its step weights: calibration sees them.
+    weights = step_weights(model)
+    observed, largest = observed_step_weights(weights)
+    encoder = [name for name in largest if name.startswith("encoder/")]
+    assert len(encoder) == 4 * layers + layers  # per layer 4, and each decoder layer's keys
+    np.testing.assert_array_equal(search(observed).ids.numpy(), search(weights).ids.numpy())
+    assert all(largest[name].numpy() > 0 for name in encoder)
+    ranges = {name: float(v.numpy()) for name, v in largest.items()}
+    static = static_step_weights(weights, step_weights(float32_model), ranges)
+    kernels = {}
+    map_step_kernels(static, lambda name, kernel, bias: kernels.setdefault(name, (kernel, bias)))
+    assert all(isinstance(kernels[name][0], StaticInt8Kernel) for name in encoder)
+    assert all(isinstance(w, OneDnnNorm) for layer in static["encoder"]["encoder"]["layers"]
+               for name, w in layer.items() if name.endswith("_residual"))
+    int8 = tf.function(lambda: model.encode(SOURCES, training=False, packing=Packing(
+        SOURCES, custom_gradient=False), weights=static["encoder"]["encoder"]))()
+    assert int8.dtype == tf.float32  # the residual stream the int8 matmuls read and return
+    error = np.abs(int8.numpy() - own.numpy()).max(axis=1) / np.abs(own.numpy()).max(axis=1)
+    assert error.max() < 0.05, error
+    ids = search(static).ids.numpy()
+    assert ids.shape[:2] == (2, SEARCH.beam_size) and (ids[:, 0, 0] > BOS_ID).all()
 
 
 def test_onednns_layer_norm_is_the_plain_ops_one_and_few_rows_run_the_plain_ops():

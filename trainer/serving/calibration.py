@@ -1,8 +1,8 @@
 """Calibration of an int8_bfloat16 export (`trainer.export --serving_dtype=int8_bfloat16
 --calibration=FILE`): the bfloat16 model translates the file's sentences with the export's
-search, every matmul of its decoding step recording the largest magnitude of its inputs
-(keras_transformer.quantization.Observed), and each matmul's int8 kernel then rounds its
-inputs by that range (StaticInt8Kernel).
+search, every matmul of its encoder and decoding step recording the largest magnitude of its
+inputs (keras_transformer.quantization.Observed), and each matmul's int8 kernel then rounds
+its inputs by that range (StaticInt8Kernel).
 
 A user's sentences of the kind the server will translate serve best; the validation set's
 source side is the usual choice. Inputs larger than calibration saw are clipped to its
@@ -40,12 +40,12 @@ def read_sentences(path: str) -> List[str]:
 
 def calibrated_step_weights(float32_model: Transformer, model: Transformer, tokenizers,
                             decode: DecodeConfig, path: str) -> dict:
-    """model's step weights with every matmul a StaticInt8Kernel: model is float32_model
-    in bfloat16; the input ranges are measured by model translating path's sentences
+    """model's step weights, with its encoder's ("encoder": Transformer.encoder_weights),
+    every matmul a StaticInt8Kernel: model is float32_model in bfloat16; the input ranges are measured by model translating path's sentences
     (`read_sentences`) with decode's search."""
     sentences = sorted(read_sentences(path), key=len)
     length = model.config.max_length
-    weights = model.step_weights(length)
+    weights = {**model.step_weights(length), "encoder": model.encoder_weights()}
     observed, largest = observed_step_weights(weights)
     translator = Translator(model, tokenizers, decode, step_weights=observed)
     print(f"calibrating int8 inputs on {len(sentences)} sentences of {path}", file=sys.stderr)
@@ -55,4 +55,5 @@ def calibrated_step_weights(float32_model: Transformer, model: Transformer, toke
     unused = [name for name, value in ranges.items() if value == 0.0]
     if unused:
         raise ValueError(f"calibration never ran {', '.join(unused)}")
-    return static_step_weights(weights, float32_model.step_weights(length), ranges)
+    return static_step_weights(weights, {**float32_model.step_weights(length),
+                                         "encoder": float32_model.encoder_weights()}, ranges)
