@@ -99,10 +99,12 @@ class LogProbs(NamedTuple):
         rows = chosen // groups + beam * tf.range(n)[:, None]
         group = chosen % groups
         tokens = group[:, :, None] * size + tf.range(size)  # [n, k, size]
-        # From the logits as they are: reshaped, TensorFlow's arithmetic optimizer would
-        # cast a second copy of the whole tensor (ReorderCastLikeAndValuePreserving).
-        logits = tf.gather_nd(self.logits, tf.stack(
-            [tf.broadcast_to(rows[:, :, None], tf.shape(tokens)), tokens], axis=-1))
+        # Each chosen group's logits as one slice of `size` [n, k, size]: a gather_nd by
+        # (row, token) pairs walks them one at a time. Through int32 bitcasts, which
+        # TensorFlow's arithmetic optimizer does not see past: it would move a cast of the
+        # logits (a bfloat16 model's) after the reshape, a second cast of them all.
+        logits = tf.bitcast(tf.gather(tf.reshape(tf.bitcast(self.logits, tf.int32), [-1, size]),
+                                      rows * groups + group), tf.float32)
         values = tf.gather(live, rows)[:, :, None] + tf.where(
             is_any(tokens, never), float("-inf"), logits - tf.gather(norms, rows)[:, :, None])
         top, position = tf.math.top_k(tf.reshape(values, tf.stack([n, k * size])), k)
