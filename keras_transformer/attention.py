@@ -195,7 +195,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if weights is None:
             keys, values = self.key_dense(value), self.value_dense(value)
         else:
-            keys, values = tf.split(tf.cast(dense(value, *weights), self.compute_dtype),
+            keys, values = tf.split(dense(value, *weights, dtype=self.compute_dtype),
                                     [self.num_heads * self.key_dim,
                                      self.num_heads * self.value_dim], axis=-1)
         return (self._split_heads(keys, self.key_dim, packing),
@@ -278,9 +278,8 @@ class MultiHeadAttention(keras.layers.Layer):
           or the fixed-width cache with position `index` written).
         """
         h, d_k, d_v = self.num_heads, self.key_dim, self.value_dim
-        projected = dense(x, weights["input_kernel"],
-                          weights["input_bias"])  # [rows, h * (2 d_k + d_v)]
-        projected = tf.cast(projected, key.dtype)  # (an int8 matmul returns float32)
+        projected = dense(x, weights["input_kernel"], weights["input_bias"],
+                          key.dtype)  # [rows, h * (2 d_k + d_v)]
         query, new_key, new_value = tf.split(projected, [h * d_k, h * d_k, h * d_v], axis=1)
         # Static shapes with -1 for rows: no shape ops at every step.
         new_key = tf.reshape(new_key, [-1, h, 1, d_k])
@@ -311,8 +310,8 @@ class MultiHeadAttention(keras.layers.Layer):
           [rows, d_model].
         """
         h, d_k, d_v = self.num_heads, self.key_dim, self.value_dim
-        query = tf.cast(dense(x, weights["input_kernel"], weights["input_bias"]),
-                        key.dtype)  # [rows, h * d_k]
+        query = dense(x, weights["input_kernel"], weights["input_bias"],
+                      key.dtype)  # [rows, h * d_k]
         query = tf.reshape(query, [tf.shape(key)[0], -1, h, d_k])  # [groups, beams, h, d_k]
         heads = _step_attention(query, key, value, mask,
                                 weights["elementwise"])  # [groups, beams, h, d_v]
@@ -348,8 +347,8 @@ def packed_self_attention(attention, x, mask, weights, packing):
       [tokens, d_model], in the compute dtype (float32 from an int8 projection).
     """
     h, d_k, d_v = attention.num_heads, attention.key_dim, attention.value_dim
-    projected = tf.cast(dense(x, weights["input_kernel"], weights["input_bias"]),
-                        attention.compute_dtype)  # [tokens, h * (2 d_k + d_v)]
+    projected = dense(x, weights["input_kernel"], weights["input_bias"],
+                      attention.compute_dtype)  # [tokens, h * (2 d_k + d_v)]
     query, key, value = (attention._split_heads(part, depth, packing) for part, depth in zip(
         tf.split(projected, [h * d_k, h * d_k, h * d_v], axis=1), (d_k, d_k, d_v)))
     logits = tf.cast(tf.matmul(query, key, transpose_b=True), tf.float32)

@@ -99,14 +99,15 @@ class Observed:
     largest: tf.Variable
 
 
-def _static_int8(q, kernel: StaticInt8Kernel, relu_into: StaticInt8Kernel = None):
+def _static_int8(q, kernel: StaticInt8Kernel, relu_into: StaticInt8Kernel = None,
+                 output=tf.float32):
     """oneDNN's int8 matmul of q (`_quantize`d by the kernel's input range) with the
-    kernel's float32 bias and the dequantization fused: float32 [rows, out]; with
-    relu_into, ReLU too and the product rounded into quint8 by relu_into's input range
-    (what that kernel's matmul reads next)."""
+    kernel's float32 bias and the dequantization fused: [rows, out] in `output` (float32
+    or bfloat16); with relu_into, ReLU too and the product rounded into quint8 by
+    relu_into's input range (what that kernel's matmul reads next)."""
     return _int8_matmul(q, kernel.values, kernel.bias, kernel.input_min, kernel.input_max,
                         kernel.weight_min, kernel.weight_max, relu_into=None if relu_into is None
-                        else (relu_into.input_min, relu_into.input_max))
+                        else (relu_into.input_min, relu_into.input_max), output=output)
 
 
 def _quantize(x, kernel: StaticInt8Kernel):
@@ -129,15 +130,16 @@ def relu_feed_forward(x, inner: StaticInt8Kernel, outer: StaticInt8Kernel):
 
 
 def _int8_matmul(q, values, bias, input_min, input_max, weight_min, weight_max,
-                 relu_into=None):
+                 relu_into=None, output=tf.float32):
     """oneDNN's `_QuantizedMatMul` of q [rows, in] (qint8, or quint8 with input_min
     ignored; its range input_min..input_max) and int8 values [in, out] (per-column ranges
     weight_min, weight_max [out]), float32 bias [out] added and the product dequantized to
-    float32: [rows, out]. relu_into=(min, max): then ReLU too, and the product rounded
-    into quint8 by that range instead. The weight is constant (a model's), so oneDNN
-    keeps its reordered copy from one call to the next; reordering it at every call makes
-    the kernel some 600 times slower."""
-    dtype, fused, extra, outputs = tf.float32, ["BiasAdd", "Dequantize"], [], [tf.float32]
+    `output` (float32 or bfloat16: rounded by the kernel, no cast after it): [rows, out].
+    relu_into=(min, max): then ReLU too, and the product rounded into quint8 by that range
+    instead. The weight is constant (a model's), so oneDNN keeps its reordered copy from
+    one call to the next; reordering it at every call makes the kernel some 600 times
+    slower."""
+    dtype, fused, extra, outputs = output, ["BiasAdd", "Dequantize"], [], [output]
     if relu_into is not None:
         dtype, fused, extra = tf.quint8, ["BiasAdd", "Relu", "Requantize"], list(relu_into)
         outputs = [dtype, tf.float32, tf.float32]  # and the range it was rounded by
@@ -152,8 +154,9 @@ def _int8_matmul(q, values, bias, input_min, input_max, weight_min, weight_max,
     return op.outputs[0]
 
 
-def dense(x, kernel, bias=None):
-    """x [rows, in] @ kernel + bias -> [rows, out], the step's one way to project.
+def dense(x, kernel, bias=None, dtype=None):
+    """x [rows, in] @ kernel + bias -> [rows, out], the step's one way to project; in
+    `dtype` if given (a StaticInt8Kernel's matmul rounds into bfloat16 itself).
 
     kernel: a tensor [in, out] (float32 or bfloat16, the matmul in its dtype); an
     Int8Kernel: then x is quantized per row (each row divided by its largest magnitude,
@@ -167,7 +170,13 @@ def dense(x, kernel, bias=None):
     if isinstance(kernel, StaticInt8Kernel):
         if bias is not None:
             raise ValueError("a StaticInt8Kernel carries its own bias")
-        return _static_int8(_quantize(x, kernel), kernel)
+        return _static_int8(_quantize(x, kernel), kernel, output=dtype or tf.float32)
+    y = _dense(x, kernel, bias)
+    return y if dtype is None else tf.cast(y, dtype)
+
+
+def _dense(x, kernel, bias):
+    """`dense` of a kernel other than a StaticInt8Kernel."""
     if isinstance(kernel, Observed):
         largest = tf.reduce_max(tf.abs(tf.cast(x, tf.float32)))
         kernel.largest.assign(tf.maximum(kernel.largest, largest))
@@ -175,7 +184,7 @@ def dense(x, kernel, bias=None):
     if not isinstance(kernel, Int8Kernel):
         y = tf.matmul(tf.cast(x, kernel.dtype), kernel)
         return y if bias is None else tf.nn.bias_add(y, bias)
-    dtype = x.dtype
+    stream = x.dtype
     x = tf.cast(x, tf.float32)
     top = tf.maximum(tf.reduce_max(tf.abs(x), axis=1, keepdims=True), 1e-30)  # [rows, 1]
     q = tf.raw_ops.QuantizeV2(input=x / top, min_range=-1.0, max_range=1.0, T=tf.qint8,
@@ -185,7 +194,7 @@ def dense(x, kernel, bias=None):
     # The bias goes in after the rows are scaled back, so the kernel's bias is zero.
     y = _int8_matmul(q.output, kernel.values, tf.zeros_like(kernel.scales), -1.0, 1.0,
                      -_RANGE * kernel.scales, _RANGE * kernel.scales) * top
-    return tf.cast(y if bias is None else tf.nn.bias_add(y, tf.cast(bias, tf.float32)), dtype)
+    return tf.cast(y if bias is None else tf.nn.bias_add(y, tf.cast(bias, tf.float32)), stream)
 
 
 def map_step_kernels(weights, fn: Callable):

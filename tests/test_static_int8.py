@@ -36,6 +36,10 @@ def test_a_static_int8_matmul_rounds_by_its_range_and_clips_beyond_it():
     assert (error / np.abs(expected - bias).max(axis=1)).max() < 0.03, error
     unclipped = x[5] @ kernel + bias
     assert np.abs(int8.numpy()[5] - unclipped).max() > 10 * error[5]
+    # Asked for bfloat16 (attention's inputs), the matmul rounds its float32 output itself.
+    rounded = tf.function(lambda x: dense(tf.cast(x, tf.bfloat16), static, dtype=tf.bfloat16))(x)
+    assert rounded.dtype == tf.bfloat16
+    np.testing.assert_array_equal(rounded.numpy(), tf.cast(int8, tf.bfloat16).numpy())
 
 
 def test_an_int8_relu_feed_forward_is_the_float_one_to_within_its_rounding():
