@@ -186,28 +186,12 @@ class MultiHeadAttention(keras.layers.Layer):
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
         return _swap_length_and_heads(ops.reshape(x, (batch, length, self.num_heads, depth)))
 
-    def project_key_value(self, value, packing=None, weights=None):
+    def project_key_value(self, value, packing=None):
         """Per-head keys and values of `value` [batch, k_len, d_model] (or packed
         [tokens, d_model] and its `Packing`: projected before unpacking):
-        ([batch, heads, k_len, d_k], [batch, heads, k_len, d_v]). weights: None (the
-        layer's own), or `key_value_weights()` or int8 ones made from them (the packed
-        value then 2-D, as `dense` takes it)."""
-        if weights is None:
-            keys, values = self.key_dense(value), self.value_dense(value)
-        else:
-            keys, values = tf.split(dense(value, *weights, dtype=self.compute_dtype),
-                                    [self.num_heads * self.key_dim,
-                                     self.num_heads * self.value_dim], axis=-1)
-        return (self._split_heads(keys, self.key_dim, packing),
-                self._split_heads(values, self.value_dim, packing))
-
-    def key_value_weights(self):
-        """The key and value projections fused, (kernel [d_model, h * (d_k + d_v)], bias),
-        in the compute dtype: what `project_key_value` reads when given its weights."""
-        kernels, biases = zip(*((tf.cast(tf.convert_to_tensor(w), self.compute_dtype)
-                                 for w in (dense.kernel, dense.bias))
-                                for dense in (self.key_dense, self.value_dense)))
-        return tf.concat(kernels, axis=1), tf.concat(biases, 0)
+        ([batch, heads, k_len, d_k], [batch, heads, k_len, d_v])."""
+        return (self._split_heads(self.key_dense(value), self.key_dim, packing),
+                self._split_heads(self.value_dense(value), self.value_dim, packing))
 
     def attend(self, query, key_value, attention_mask=None, training=None, packing=None):
         """Attention of `query` [batch, q_len, d_model] over projected `key_value`
@@ -356,6 +340,26 @@ def packed_self_attention(attention, x, mask, weights, packing):
     heads = _swap_length_and_heads(tf.matmul(tf.cast(probabilities, value.dtype), value))
     heads = tf.reshape(heads, tf.concat([tf.shape(heads)[:2], [h * d_v]], 0))
     return _step_output(packing.pack(heads), weights)
+
+
+def key_value_weights(attention):
+    """A MultiHeadAttention's key and value projections fused, (kernel [d_model,
+    h * (d_k + d_v)], bias), in its compute dtype: what `packed_key_value` reads."""
+    kernels, biases = zip(*((tf.cast(tf.convert_to_tensor(w), attention.compute_dtype)
+                             for w in (dense.kernel, dense.bias))
+                            for dense in (attention.key_dense, attention.value_dense)))
+    return tf.concat(kernels, axis=1), tf.concat(biases, 0)
+
+
+def packed_key_value(attention, value, weights, packing):
+    """attention.project_key_value of a packed source's tokens value [tokens, d_model] on
+    given weights (`key_value_weights`, or int8 ones made from them): ([batch, heads,
+    src_len, d_k], [batch, heads, src_len, d_v]) in the compute dtype."""
+    keys, values = tf.split(dense(value, *weights, dtype=attention.compute_dtype),
+                            [attention.num_heads * attention.key_dim,
+                             attention.num_heads * attention.value_dim], axis=-1)
+    return (attention._split_heads(keys, attention.key_dim, packing),
+            attention._split_heads(values, attention.value_dim, packing))
 
 
 def _step_output(heads, weights):

@@ -7,7 +7,7 @@ import keras
 from keras import ops
 import tensorflow as tf
 
-from keras_transformer.attention import MultiHeadAttention
+from keras_transformer.attention import MultiHeadAttention, packed_key_value
 from keras_transformer.feed_forward import PositionwiseFeedForward
 from keras_transformer.residual import Residual
 from keras_transformer.stack import LayerStack
@@ -99,14 +99,16 @@ class DecoderLayer(keras.layers.Layer):
             a search may decode, a fixed-width cache (XLA's fixed shapes) that step
             `index` writes.
           key_value: None, or the encoder-decoder attention's fused key and value
-            projections (MultiHeadAttention.key_value_weights, or int8 ones made from
-            them) to project with.
+            projections (attention.key_value_weights, or int8 ones made from them) to
+            project the packed encoder_output with.
         Returns a dict: "key" [batch * beam_size, heads, width, d_k] and "value"
         [batch * beam_size, heads, width, d_v], zeros; "cross_key"
         [batch, heads, src_len, d_k] and "cross_value" [batch, heads, src_len, d_v].
         """
-        cross_key, cross_value = self.cross_attention.project_key_value(
-            encoder_output, source_packing, key_value)
+        cross_key, cross_value = (
+            self.cross_attention.project_key_value(encoder_output, source_packing)
+            if key_value is None else
+            packed_key_value(self.cross_attention, encoder_output, key_value, source_packing))
         rows = ops.shape(cross_key)[0] * beam_size
         attention = self.self_attention
         return {

@@ -11,8 +11,10 @@ dequantization fused. Two ways to round its input, one per export:
   before each matmul, whose bias and dequantization are fused; attention in bfloat16, the
   residual stream (sums and layer norms) in float32, which the matmuls read and return.
 
-Only the step changes (keras_transformer.step, `dense`): the encoder, the softmax and the
-search keep the model's dtype.
+Only the step changes (keras_transformer.step, `dense`): the softmax and the search keep the
+model's dtype, and so does the encoder, except in int8_bfloat16 exports, whose step weights
+carry the encoder's (`Transformer.encoder_weights`) and the encoder-decoder keys' and values'
+projections, which then run int8 as well.
 The largest error a per-row matmul adds is about 1% of its output's largest magnitude
 (bench/sweeps/int8_matmul.py; with 7-bit weights, up to 2%: see _WEIGHT_RANGE).
 """
@@ -162,8 +164,8 @@ def dense(x, kernel, bias=None, dtype=None):
     Int8Kernel: then x is quantized per row (each row divided by its largest magnitude,
     rounded to int8), multiplied as int8 by oneDNN, and the output rescaled and the bias
     added in float32; a StaticInt8Kernel (which carries its bias): x rounded by its fixed
-    range, the result float32; or an Observed one. Otherwise the result is in the
-    kernel's dtype.
+    range, the result float32 (or `dtype`, rounded by the matmul); or an Observed one.
+    Otherwise the result is in the kernel's dtype.
     An int8 kernel must be the same at every call of the graph (a weight): oneDNN keeps its
     reordered copy.
     """
@@ -269,8 +271,9 @@ def observed_step_weights(weights):
 
 
 def static_step_weights(weights, float32_weights, input_ranges):
-    """bfloat16 step weights (`Transformer.step_weights` of a bfloat16 Transformer) with
-    every matmul a `StaticInt8Kernel` (the float32 model's kernel and bias, from
+    """bfloat16 step weights (`Transformer.step_weights` of a bfloat16 Transformer, with
+    or without its `encoder_weights` as "encoder": both are made int8, `map_step_kernels`)
+    with every matmul a `StaticInt8Kernel` (the float32 model's kernel and bias, from
     float32_weights, the same model's step weights in float32, with input_ranges[name]
     from `observed_step_weights`' searches on calibration sentences) and the float32
     position table: the step's residual stream (the embedding plus positions, the

@@ -41,6 +41,9 @@ class TransformerStep(Step):
       weights: what the step reads, `model.step_weights(length)` for a length of at
         least the outputs' width + 1 (default: read from the model at the start); e.g.
         int8 weights made once (keras_transformer.quantization.quantize_step_weights).
+        With "encoder" (`model.encoder_weights()`, or int8 weights made from it:
+        quantization.static_step_weights), the encoder and the encoder-decoder keys and
+        values are computed on those too (not with fixed_shapes).
       shortlist: None, or a keras_transformer.shortlist.Shortlist: the step ranks only
         the batch's candidates (its sources' and prefix's shortlisted pieces), whose
         softmax normalizes over them (cached, growing steps only).

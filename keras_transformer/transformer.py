@@ -4,6 +4,7 @@ import keras
 from keras import ops
 import tensorflow as tf
 
+from keras_transformer.attention import key_value_weights
 from keras_transformer.config import TransformerConfig
 from keras_transformer.decoder import Decoder
 from keras_transformer.dropout import Dropout
@@ -207,7 +208,7 @@ class Transformer(keras.Model):
         as "encoder" when the encoder runs on weights of the export's own (int8:
         keras_transformer.quantization.static_step_weights)."""
         return {"encoder": self.encoder.step_weights(),
-                "key_value": [layer.cross_attention.key_value_weights()
+                "key_value": [key_value_weights(layer.cross_attention)
                               for layer in self.decoder.layers]}
 
     def step_weights(self, length, elementwise=None):

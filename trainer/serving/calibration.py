@@ -41,8 +41,9 @@ def read_sentences(path: str) -> List[str]:
 def calibrated_step_weights(float32_model: Transformer, model: Transformer, tokenizers,
                             decode: DecodeConfig, path: str) -> dict:
     """model's step weights, with its encoder's ("encoder": Transformer.encoder_weights),
-    every matmul a StaticInt8Kernel: model is float32_model in bfloat16; the input ranges are measured by model translating path's sentences
-    (`read_sentences`) with decode's search."""
+    every matmul a StaticInt8Kernel: model is float32_model in bfloat16; the input ranges
+    are measured by model translating path's sentences (`read_sentences`) with decode's
+    search."""
     sentences = sorted(read_sentences(path), key=len)
     length = model.config.max_length
     weights = {**model.step_weights(length), "encoder": model.encoder_weights()}
