@@ -319,7 +319,8 @@ class MultiHeadAttention(keras.layers.Layer):
 def packed_self_attention(attention, x, mask, weights, packing):
     """Self-attention over a packed source's tokens in inference, on plain tensors and
     given weights: the encoder's `call` for weights other than its layers' own (an int8
-    export's, keras_transformer.quantization), as a decoding step reads them.
+    export's, keras_transformer.quantization), as a decoding step reads them, with the
+    step's batched matmuls (`_matmul_attention`).
 
     Args:
       attention: the MultiHeadAttention (its heads and depths).
@@ -330,15 +331,13 @@ def packed_self_attention(attention, x, mask, weights, packing):
     Returns:
       [tokens, d_model], in the compute dtype (float32 from an int8 projection).
     """
-    h, d_k, d_v = attention.num_heads, attention.key_dim, attention.value_dim
-    projected = dense(x, weights["input_kernel"], weights["input_bias"],
-                      attention.compute_dtype)  # [tokens, h * (2 d_k + d_v)]
-    query, key, value = (attention._split_heads(part, depth, packing) for part, depth in zip(
-        tf.split(projected, [h * d_k, h * d_k, h * d_v], axis=1), (d_k, d_k, d_v)))
-    logits = tf.cast(tf.matmul(query, key, transpose_b=True), tf.float32)
-    probabilities = tf.nn.softmax(tf.where(mask, logits, MASKED_LOGIT), axis=-1)
-    heads = _swap_length_and_heads(tf.matmul(tf.cast(probabilities, value.dtype), value))
-    heads = tf.reshape(heads, tf.concat([tf.shape(heads)[:2], [h * d_v]], 0))
+    d_k, d_v = attention.key_dim, attention.value_dim
+    query, key, value = _packed_heads(attention, dense(
+        x, weights["input_kernel"], weights["input_bias"], attention.compute_dtype),
+        (d_k, d_k, d_v), packing)  # [batch, src_len, heads, depth] each
+    heads = _matmul_attention(query, _swap_length_and_heads(key),
+                              _swap_length_and_heads(value), mask)
+    heads = tf.reshape(heads, tf.concat([tf.shape(heads)[:2], [attention.num_heads * d_v]], 0))
     return _step_output(packing.pack(heads), weights)
 
 
@@ -355,11 +354,19 @@ def packed_key_value(attention, value, weights, packing):
     """attention.project_key_value of a packed source's tokens value [tokens, d_model] on
     given weights (`key_value_weights`, or int8 ones made from them): ([batch, heads,
     src_len, d_k], [batch, heads, src_len, d_v]) in the compute dtype."""
-    keys, values = tf.split(dense(value, *weights, dtype=attention.compute_dtype),
-                            [attention.num_heads * attention.key_dim,
-                             attention.num_heads * attention.value_dim], axis=-1)
-    return (attention._split_heads(keys, attention.key_dim, packing),
-            attention._split_heads(values, attention.value_dim, packing))
+    keys, values = _packed_heads(attention, dense(value, *weights, dtype=attention.compute_dtype),
+                                 (attention.key_dim, attention.value_dim), packing)
+    return _swap_length_and_heads(keys), _swap_length_and_heads(values)
+
+
+def _packed_heads(attention, projected, depths, packing):
+    """A fused projection of a packed source's tokens, [tokens, heads * sum(depths)],
+    unpacked once and split: one [batch, src_len, heads, depth] per depth."""
+    projected = packing.unpack(projected)  # [batch, src_len, heads * sum(depths)]
+    shape = tf.shape(projected)[:2]
+    h = attention.num_heads
+    return [tf.reshape(part, tf.concat([shape, [h, depth]], 0)) for part, depth in zip(
+        tf.split(projected, [h * depth for depth in depths], axis=-1), depths)]
 
 
 def _step_output(heads, weights):

@@ -99,12 +99,12 @@ class TransformerStep(Step):
         weights = (self.model.step_weights(width + 1) if self.given_weights is None
                    else _read(self.given_weights))
         # Given weights may hold the encoder's too (an int8_bfloat16 export's).
-        encoder = weights.get("encoder") if packing is not None else None
+        encoder = weights.get("encoder", {}) if packing is not None else {}
         encoder_output = self.model.encode(self.source_ids, training=False, packing=packing,
-                                           weights=encoder and encoder["encoder"])
+                                           weights=encoder.get("encoder"))
         cache = self.model.initial_cache(encoder_output, rows_per_sentence,
                                          width + 1 if self.fixed_shapes else 0, packing,
-                                         encoder and encoder["key_value"])
+                                         encoder.get("key_value"))
         if self.vocabulary is not None:  # the projection's rows gathered once per batch
             weights = {**weights, "embedding": self.model.embedding.restrict_step_weights(
                 weights["embedding"], self.vocabulary)}

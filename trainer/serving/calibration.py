@@ -46,7 +46,11 @@ def calibrated_step_weights(float32_model: Transformer, model: Transformer, toke
     search."""
     sentences = sorted(read_sentences(path), key=len)
     length = model.config.max_length
-    weights = {**model.step_weights(length), "encoder": model.encoder_weights()}
+
+    def with_encoder(model):  # the encoder's int8 too
+        return {**model.step_weights(length), "encoder": model.encoder_weights()}
+
+    weights = with_encoder(model)
     observed, largest = observed_step_weights(weights)
     translator = Translator(model, tokenizers, decode, step_weights=observed)
     print(f"calibrating int8 inputs on {len(sentences)} sentences of {path}", file=sys.stderr)
@@ -56,5 +60,4 @@ def calibrated_step_weights(float32_model: Transformer, model: Transformer, toke
     unused = [name for name, value in ranges.items() if value == 0.0]
     if unused:
         raise ValueError(f"calibration never ran {', '.join(unused)}")
-    return static_step_weights(weights, {**float32_model.step_weights(length),
-                                         "encoder": float32_model.encoder_weights()}, ranges)
+    return static_step_weights(weights, with_encoder(float32_model), ranges)
