@@ -74,3 +74,31 @@ def test_a_program_whose_main_returns_ends_with_its_output_and_exit_handlers(pro
     assert (result.returncode, result.stdout) == (0, "the program's last line\n"), result.stderr
     assert marker.read_text() == "exit handler ran"
     assert profile.exists() == profiled
+
+
+_CACHE_CAPACITY = """
+import os, sys
+from trainer import cli
+
+sys.argv = ["capacity"]
+cli.run(lambda argv: print(os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]))
+"""
+
+
+@pytest.mark.parametrize("given", [None, "2048"], ids=["default", "the_users"])
+def test_a_program_runs_with_onednns_primitive_cache_at_the_searchs_size_unless_set(given,
+                                                                                   tmp_path):
+    """The programs' oneDNN primitive cache holds a pass of a search's kernels
+    (cli.ONEDNN_PRIMITIVE_CACHE_CAPACITY, above oneDNN's 1,024), set before TensorFlow
+    runs anything; a value in the user's environment stands."""
+    from trainer import cli
+    script = tmp_path / "capacity.py"
+    script.write_text(_CACHE_CAPACITY)
+    env = {k: v for k, v in _env().items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    result = subprocess.run([sys.executable, str(script)], cwd=REPO,
+                            env={**env, **({"ONEDNN_PRIMITIVE_CACHE_CAPACITY": given} if given
+                                           else {})},
+                            capture_output=True, text=True, timeout=60)
+    expected = given or str(cli.ONEDNN_PRIMITIVE_CACHE_CAPACITY)
+    assert (result.returncode, result.stdout) == (0, f"{expected}\n"), result.stderr
+    assert cli.ONEDNN_PRIMITIVE_CACHE_CAPACITY > 1024

@@ -22,6 +22,14 @@ from trainer import console
 # The status of a program stopped by a full disk: ENOSPC's number.
 NO_SPACE_STATUS = errno.ENOSPC
 
+# oneDNN's primitive cache, for the programs (a user's own value stands): a search's matmuls
+# and softmaxes change shape from step to step (the rows still searching, the length of the
+# keys), one pass over test2016 in batches of 64 makes 1,683 kernels, and at oneDNN's
+# default of 1,024 the cache evicts each before the next batch needs it again: it compiles
+# them again, a tenth of a busy server's time (docs/performance-notes.md, "oneDNN's
+# primitive cache"). Read once, when TensorFlow first runs a oneDNN op.
+ONEDNN_PRIMITIVE_CACHE_CAPACITY = 16384
+
 
 # The programs `call` is running in this process, the innermost last.
 _CALLED: List[str] = []
@@ -65,10 +73,14 @@ def stop(message: str, status: int):
 def run(main: Callable[[List[str]], None]):
     """absl's app.run(main), with TensorFlow's start-up lines hidden unless --verbosity
     or TF_CPP_MIN_LOG_LEVEL asks for them (trainer/console.py), a flag absl cannot parse
-    reported as one line with status 2, and any extra positional argument refused."""
+    reported as one line with status 2, any extra positional argument refused, and
+    oneDNN's primitive cache at ONEDNN_PRIMITIVE_CACHE_CAPACITY unless the environment
+    sets it."""
 
     def checked_main(argv):
         _refuse_arguments(argv)
+        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY",
+                              str(ONEDNN_PRIMITIVE_CACHE_CAPACITY))
         if not console.verbose_requested(flags.FLAGS["verbosity"].present):
             console.quiet()
         _main_or_full_disk(main, argv)
