@@ -97,7 +97,8 @@ steps, so measure a model trained on --src's data. Not a test: run it by hand fr
 repository root, e.g.
 
   python bench/decoding.py --saved_model=EXPORT/1 --saved_model_bfloat16=EXPORT_BF16/1 \\
-      --ctranslate2=CT2_DIR --env=TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1 --rules
+      --ctranslate2=CT2_DIR --env=TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1 \\
+      --env=ONEDNN_PRIMITIVE_CACHE_CAPACITY=16384 --rules
   python bench/decoding.py --saved_model=EXPORT --peers --model_dir=runs/small_multi30k
 
 The race's systems, setups and tables are bench/peers/ctranslate2_race.py; the keras-hub
