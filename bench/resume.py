@@ -112,15 +112,17 @@ from trainer import task
 from trainer.data import input_pipeline, sources
 from trainer.main_job import build_trainer
 from trainer.model_dir import layout
-from trainer.training import distribute
+from trainer.training import distribute, precision
 flags.FLAGS(["trainer.task", *sys.argv[2:]])
 data_config = task.data_config()
 run = task.run_config(data_config)
-run = dataclasses.replace(run, precision=run.precision or distribute.default_precision())
-keras.utils.set_random_seed(run.seed)
+strategy = distribute.make_strategy(run.num_cpu_replicas)
 data = input_pipeline.build(sources.select(data_config), run.model_dir, data_config)
-trainer = build_trainer(layout.load_config(run.model_dir), data, run,
-                        distribute.make_strategy(run.num_cpu_replicas))
+model_config = layout.load_config(run.model_dir)
+run = dataclasses.replace(run, precision=precision.choose(model_config, data, run,
+                                                          strategy).precision)
+keras.utils.set_random_seed(run.seed)
+trainer = build_trainer(model_config, data, run, strategy)
 trainer.restore()
 step = 0
 for target in (int(s) for s in sys.argv[1].split(",")):

@@ -6,7 +6,9 @@ warm-up schedule, label-smoothed loss), in float32 and mixed_bfloat16, one proce
 
   python bench/training.py [--steps=30 --warmup_steps=10 --jit_compile=both]
 
-    Ours alone, as it trains: a `trainer.training.loop.Trainer` fed by the real input
+    First what `--precision=auto` chooses here, measured as the trainer measures it
+    (trainer/training/precision.py), printed in the header beside the CPU flags. Then ours
+    alone, as it trains: a `trainer.training.loop.Trainer` fed by the real input
     pipeline, one row per precision (and, with --jit_compile, with XLA). --warmup_steps
     updates (tracing, first shapes) are run and not timed, then --steps updates are timed as
     `Trainer.train` runs them (accumulate, apply; no host read in between). A timed update
@@ -49,14 +51,16 @@ import collections
 import dataclasses
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import List, Optional
 
 import tensorflow as tf
 
 import keras_transformer
-from trainer.config import PRECISIONS
+from trainer.config import PRECISIONS, RunConfig
 from trainer.data import input_pipeline, sources
+from trainer.training import precision
 
 import common
 from peers import Batch, training_runners
@@ -126,6 +130,8 @@ def measure_pipeline(args, precisions: List[str], jit_modes: List[bool]):
                             for f in dataclasses.fields(input_pipeline.Data)})
     model_config = keras_transformer.TransformerConfig.small(
         vocab_size=data.tokenizers.target.vocab_size)
+    auto = measured_choice(built, model_config, args)
+    print(auto.describe(), flush=True)
     results = []
     for jit_compile in jit_modes:
         for precision in precisions:
@@ -135,11 +141,23 @@ def measure_pipeline(args, precisions: List[str], jit_modes: List[bool]):
             kind = PEAK_DTYPES.get(precision)
             peak = peaks.measure(kind) if kind else None
             results.append(measure_row(precision, jit_compile, data, model_config, args, peak))
-    return results, peaks, data, model_config
+    return results, peaks, data, model_config, auto
+
+
+def measured_choice(data: input_pipeline.Data, model_config, args) -> precision.Choice:
+    """What `--precision=auto` would choose here, measured as the trainer measures it
+    (`trainer.training.precision.measure`, on the first batches of the same pipeline)."""
+    batches = list(data.train_dataset().take(precision.BATCHES))
+    run = RunConfig(model_dir=tempfile.mkdtemp(), precision="float32",
+                    warmup_steps=args.schedule_warmup_steps)
+    start = time.perf_counter()
+    rates = precision.measure(model_config, batches, run)
+    return precision.Choice(precision.faster(rates), "measured", rates,
+                            time.perf_counter() - start)
 
 
 def print_pipeline_report(args, results: List[Result], peaks: Peaks, data, model_config,
-                          load_before: str):
+                          load_before: str, auto: precision.Choice):
     params = keras_transformer.Transformer(model_config)
     params.build()
     shapes = collections.Counter()
@@ -148,6 +166,7 @@ def print_pipeline_report(args, results: List[Result], peaks: Peaks, data, model
     common.print_header([
         ("machine", f"{common.describe()}; load average {load_before} before, "
                     f"{common.load_average()} after"),
+        ("--precision=auto", auto.describe().partition(": ")[2]),
         ("versions", common.versions()),
         ("command", common.command()),
         ("matmul peak", peaks.describe("at the start and before each row")),
@@ -375,8 +394,9 @@ def main(argv=None):
         return print_peers_report(args, rows, peaks, config, pool, probe, loads)
     jit_modes = {"false": [False], "true": [True], "both": [False, True]}[args.jit_compile]
     load_before = common.load_average()
-    results, peaks, data, model_config = measure_pipeline(args, args.precisions, jit_modes)
-    print_pipeline_report(args, results, peaks, data, model_config, load_before)
+    results, peaks, data, model_config, auto = measure_pipeline(args, args.precisions,
+                                                                jit_modes)
+    print_pipeline_report(args, results, peaks, data, model_config, load_before, auto)
 
 
 if __name__ == "__main__":

@@ -338,8 +338,9 @@ def one_update(trainer):
 # test_training.py).
 
 # No validation (--eval_every=0): it would add a beam-search trace to every run.
+# An explicit --precision: two runs compared must not differ by what a measurement chose.
 QUICK = ["--max_len=32", "--batch_tokens=512", "--eval_every=0", "--bleu_sentences=10",
-         "--export_dir=none", "--log_every=5", "--warmup_steps=50"]
+         "--export_dir=none", "--log_every=5", "--warmup_steps=50", "--precision=float32"]
 
 
 def summaries(model_dir, tag, sub="train"):

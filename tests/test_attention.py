@@ -6,13 +6,13 @@ import tensorflow as tf
 
 from keras_transformer import MultiHeadAttention, causal_mask, padding_mask
 from keras_transformer.attention import ELEMENTWISE_MAX_ROWS
-from trainer.training.distribute import default_precision
+from trainer.training.precision import bfloat16_instructions
 
 # Where the CPU has bfloat16 units (AVX-512 BF16, AMX), oneDNN computes bfloat16 matmuls and
 # rounds each output once; elsewhere (AVX2) TensorFlow's own kernels round another way,
 # which a sentence's batch can change by a bfloat16 ulp or two (73% of these outputs on an
 # AMD EPYC with AVX2 only).
-BFLOAT16_UNITS = default_precision() == "mixed_bfloat16"
+BFLOAT16_UNITS = bfloat16_instructions()
 
 
 def numpy_softmax(x):

@@ -49,7 +49,7 @@ def test_a_full_disk_stops_the_trainer_in_one_line_and_the_run_resumes(tmp_path)
         # The builtin run: its checkpoint at step 20 (a 3.2 MB model and optimizer, 0.3 MB
         # of stream state) fits, the one at step 40 does not.
         task = ["trainer.task", "--train_steps=40", "--checkpoint_every=20", "--eval_every=0",
-                "--export_dir=none", f"--model_dir={disk / 'model'}"]
+                "--export_dir=none", "--precision=float32", f"--model_dir={disk / 'model'}"]
         full = run(task)
         assert full.returncode == NO_SPACE_STATUS, full.stderr[-3000:]
         line = full.stderr.strip().splitlines()[-1]

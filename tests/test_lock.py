@@ -18,6 +18,7 @@ LOCK = "trainer.lock"
 def trainer(model_dir, *flags, steps=2):
     """trainer.task on the builtin corpus, without validation or export."""
     return program("task", f"--train_steps={steps}", "--eval_every=0", "--export_dir=none",
+                   "--precision=float32",
                    f"--checkpoint_every={steps}", f"--model_dir={model_dir}", *flags)
 
 

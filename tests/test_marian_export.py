@@ -69,7 +69,8 @@ def test_a_converted_model_exports_to_the_tensors_it_was_converted_from(name, tm
 # A model with separate vocabularies, trained for 100 steps (24 s), whose translations end
 # by themselves at different lengths.
 SEPARATE = ["--train_steps=100", "--warmup_steps=50", "--eval_every=0", "--checkpoint_every=100",
-            "--log_every=100", "--separate_vocabularies", "--vocab_size=300", "--export_dir=none"]
+            "--log_every=100", "--separate_vocabularies", "--vocab_size=300", "--export_dir=none",
+            "--precision=float32"]
 
 
 def train_separate(root: Path):

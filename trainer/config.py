@@ -13,6 +13,8 @@ from typing import Dict, List, Optional, Tuple
 from keras_transformer.config import DecodeConfig
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+# RunConfig.precision's default: measured on the machine (trainer/training/precision.py).
+AUTO_PRECISION = "auto"
 SUBWORD_MODELS = ("bpe", "unigram")
 
 # How a model trained here searches unless its run says otherwise: the paper's beam and length
@@ -142,8 +144,10 @@ class RunConfig:
         run on the same directory resumes.
       export_dir: where the SavedModel versions go after training (None: no export).
       train_steps: total optimiser updates; a resumed run stops at the same total.
-      precision: one of PRECISIONS; None takes the machine's default
-        (`trainer.training.distribute.default_precision`).
+      precision: one of PRECISIONS, or AUTO_PRECISION: on a CPU the faster of float32
+        and mixed_bfloat16, timed on the run's own batches; on GPUs mixed_float16; a
+        resumed run keeps the precision its model directory recorded
+        (trainer/training/precision.py).
       jit_compile: XLA-compile the forward and backward pass.
       accum_steps: microbatches per update and replica.
       num_cpu_replicas: split the CPU into this many logical devices and mirror over
@@ -194,7 +198,7 @@ class RunConfig:
     model_dir: str
     export_dir: Optional[str] = None
     train_steps: int = 1000
-    precision: Optional[str] = None
+    precision: str = AUTO_PRECISION
     jit_compile: bool = False
     accum_steps: int = 1
     num_cpu_replicas: int = 0
@@ -224,8 +228,9 @@ class RunConfig:
         if self.deterministic and self.max_train_minutes:
             raise ValueError("deterministic needs a run bounded by its steps: a time budget "
                              "(max_train_minutes) makes the steps trained depend on the clock")
-        if self.precision is not None and self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.precision not in (AUTO_PRECISION, *PRECISIONS):
+            raise ValueError(f"precision must be {AUTO_PRECISION} or one of {PRECISIONS}, "
+                             f"got {self.precision!r}")
         for name in ("train_steps", "accum_steps", "checkpoint_every", "keep_checkpoints",
                      "log_every"):
             if getattr(self, name) < 1:

@@ -2,20 +2,22 @@
 does what `python -m trainer.task` does, from plain configs (trainer/config.py). It sits
 above the training and serving rooms because it uses both: it trains, then exports.
 
-    strategy -> data (vocabulary, counts) -> config.json -> model, optimizer, checkpoints
+    strategy -> data (vocabulary, counts) -> config.json -> precision (given, recorded or
+    measured) -> model, optimizer, checkpoints
     -> Trainer.train() with validation -> SavedModel export (the chief) -> one example
     translated through the export
 """
 
 import contextlib
 import dataclasses
+import time
 from typing import Callable, Optional
 
 import keras
 import tensorflow as tf
 
 from keras_transformer import Transformer, TransformerConfig
-from trainer.config import DataConfig, RunConfig
+from trainer.config import PRECISIONS, DataConfig, RunConfig
 from trainer.data import input_pipeline, sources
 from trainer.data import vocabulary
 from trainer.data.tokenizer import Tokenizers
@@ -23,7 +25,7 @@ from trainer.model_dir import layout, lock
 from trainer.model_dir.ema import MovingAverage
 from trainer.model_dir.weights import WeightsChoice
 from trainer.serving import client, saved_model
-from trainer.training import distribute
+from trainer.training import distribute, precision
 from trainer.training.checkpointing import Checkpointer
 from trainer.training.loop import Trainer
 from trainer.training.update import make_optimizer
@@ -44,12 +46,15 @@ def sized_to_vocabulary(model_config: TransformerConfig,
 def build_trainer(model_config: TransformerConfig, data: input_pipeline.Data, run: RunConfig,
                   strategy, validator_args: Optional[dict] = None,
                   log: Callable[[str], None] = print) -> Trainer:
-    """A Trainer given its parts: the model (run.precision), optimizer and, with
+    """A Trainer given its parts: the model (run.precision, one of PRECISIONS: `auto` is
+    resolved before, `trainer.training.precision.choose`), optimizer and, with
     run.ema_decay, the moving average of the weights built in the strategy's scope, its
     checkpointer and, with `validator_args` (Validator's keyword arguments), its validator
     on the chief."""
+    if run.precision not in PRECISIONS:
+        raise ValueError(f"build_trainer needs one of {PRECISIONS}, got {run.precision!r}")
     with strategy.scope():
-        model = Transformer(model_config, dtype=run.precision or "float32")
+        model = Transformer(model_config, dtype=run.precision)
         model.build()
         optimizer = make_optimizer(model_config, run)
         optimizer.build(model.trainable_variables)
@@ -79,6 +84,23 @@ def initialize(trainer: Trainer, init_from: str, log: Callable[[str], None] = pr
     log(f"initialized from {path}: its weights, with a fresh optimizer and schedule")
 
 
+def _with_precision(model_config: TransformerConfig, data: input_pipeline.Data,
+                    run: RunConfig, strategy, log: Callable[[str], None]) -> RunConfig:
+    """run with its precision chosen (`precision.choose`); a measurement's time comes off
+    the time budget, and the seed is set again, so that the model starts from the weights
+    an explicit --precision gives it."""
+    start = time.time()
+    choice = precision.choose(model_config, data, run, strategy, log)
+    spent = (time.time() - start) / 60
+    run = dataclasses.replace(run, precision=choice.precision)
+    if run.max_train_minutes and spent > 0.01:
+        run = dataclasses.replace(run, max_train_minutes=max(run.max_train_minutes - spent,
+                                                             0.01))
+        log(f"time budget: {run.max_train_minutes:.1f} minutes left for training")
+    keras.utils.set_random_seed(run.seed)
+    return run
+
+
 def train_and_export(model_config: TransformerConfig, data_config: DataConfig, run: RunConfig,
                      log: Callable[[str], None] = print) -> Optional[str]:
     """Trains (or resumes) the run in run.model_dir and exports it to run.export_dir.
@@ -91,7 +113,6 @@ def train_and_export(model_config: TransformerConfig, data_config: DataConfig, r
     training, TrainingError during it.
     """
     strategy = distribute.make_strategy(run.num_cpu_replicas)
-    run = dataclasses.replace(run, precision=run.precision or distribute.default_precision())
     keras.utils.set_random_seed(run.seed)
     if run.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -116,6 +137,7 @@ def _train_and_export(model_config: TransformerConfig, data_config: DataConfig,
     model_config = sized_to_vocabulary(model_config, data.tokenizers)
     layout.save_config(run.model_dir, model_config, run.decode)
     builtin = isinstance(source, sources.BuiltinSource)
+    run = _with_precision(model_config, data, run, strategy, log)
     validator_args = (dict(decode=run.decode, bleu_sentences=run.bleu_sentences,
                            bleu_tokenize="char" if builtin else run.bleu_tokenize)
                       if run.eval_every else None)

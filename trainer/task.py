@@ -20,7 +20,7 @@ from absl import flags
 from keras_transformer.config import (LENGTH_PENALTIES, PRESETS, STOPPING_RULES,
                                       TransformerConfig)
 from trainer import cli
-from trainer.config import (PRECISIONS, SUBWORD_MODELS, TRAINED_DECODE, DataConfig, RunConfig,
+from trainer.config import (AUTO_PRECISION, PRECISIONS, SUBWORD_MODELS, TRAINED_DECODE, DataConfig, RunConfig,
                             default_run_name, file_list)
 
 FLAGS = flags.FLAGS
@@ -74,9 +74,12 @@ flags.DEFINE_string("run_name", None, "Names the default directories (default <c
 # How.
 flags.DEFINE_integer("train_steps", RunConfig.train_steps, "Total optimiser updates (resumed "
                      "runs count from the checkpoint).")
-flags.DEFINE_enum("precision", RunConfig.precision, PRECISIONS,
-                  "Default: mixed_float16 on GPUs, mixed_bfloat16 on CPUs with bfloat16 "
-                  "units (AVX-512 BF16/AMX), else float32.")
+flags.DEFINE_enum("precision", RunConfig.precision, (AUTO_PRECISION, *PRECISIONS),
+                  "auto: on a CPU, time the model's forward and backward pass on the run's "
+                  "batches in float32 and mixed_bfloat16 (at most a minute, out of "
+                  "--max_train_minutes) and keep the faster; on GPUs mixed_float16. The "
+                  "choice is recorded in the model directory (precision.json), and a resumed "
+                  "run keeps it unless this flag names another.")
 flags.DEFINE_bool("jit_compile", RunConfig.jit_compile, "XLA-compile the training step.")
 flags.DEFINE_integer("accum_steps", RunConfig.accum_steps, "Microbatches accumulated per update.")
 flags.DEFINE_integer("num_cpu_replicas", RunConfig.num_cpu_replicas, "Split the CPU into N "

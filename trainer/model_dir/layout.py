@@ -1,5 +1,6 @@
 """The layout of a model directory: config.json (the model, and how it translates), the
-vocabulary's files, checkpoints (ckpt-<step>) and TensorBoard summaries (train/, eval/).
+vocabulary's files, precision.json (the precision its training runs in), checkpoints
+(ckpt-<step>) and TensorBoard summaries (train/, eval/).
 
 `MODEL_FILES` are the files beside the checkpoints that make a model directory: a reader
 needs them all to rebuild the model and turn text into its ids and back. A directory made
@@ -30,6 +31,10 @@ VOCABULARY = "vocabulary.json"
 # {"punctuation": a language code}: Moses' punctuation rules for that language normalize
 # every source text before SentencePiece (absent: none).
 NORMALIZATION = "normalization.json"
+# {"precision", "chosen_by", "rates", "seconds"}: what the directory's training runs in,
+# and how it was chosen (trainer/training/precision.py); a training matter, not copied to
+# directories made from this one.
+PRECISION_FILE = "precision.json"
 # How text becomes the model's ids and back: what a run started from another inherits.
 VOCABULARY_FILES = (SHARED_MODEL, SOURCE_MODEL, TARGET_MODEL, VOCABULARY, NORMALIZATION)
 # Everything beside the checkpoints that a reader of the model needs.

@@ -53,17 +53,3 @@ def worker_dir(model_dir: str) -> str:
         return model_dir
     task = json.loads(os.environ["TF_CONFIG"])["task"]
     return os.path.join(model_dir, f"workertemp_{task['type']}_{task['index']}")
-
-
-def default_precision() -> str:
-    """float16 on GPUs; on CPUs bfloat16 where the CPU has bfloat16 matmul instructions
-    (AVX-512 BF16 or AMX), else float32: there bfloat16 trains faster (docs/performance.md,
-    "Training throughput and MFU") to the same loss (tests/test_training.py)."""
-    if tf.config.list_physical_devices("GPU"):
-        return "mixed_float16"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = f.read()
-    except OSError:
-        return "float32"
-    return "mixed_bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
