@@ -334,20 +334,23 @@ def main(argv=None):
     if args.rules:
         rules = measure_rules(args, export, texts)
         reports.append(lambda: print_rules_table(args, export, rules))
+    race = None
     if args.ctranslate2:
-        results, turns = ctranslate2_race.measure(args, ctranslate2_race.search(export))
-        reports.append(lambda: ctranslate2_race.print_tables(args, results, turns))
+        race = ctranslate2_race.measure(args, ctranslate2_race.search(export))
+        reports.append(lambda: ctranslate2_race.print_tables(args, race))
     if args.peers:
         peers = measure_peers(args, export, texts if args.sentences is not None else
                               texts[:PEER_SENTENCES], loads)
         reports.append(lambda: print_peers_table(args, peers))
     loads.append(os.getloadavg()[0])
-    print_header(args, export, texts, loads)
+    print_header(args, export, texts, loads, race)
     for report in reports:
         report()
 
 
-def print_header(args, export, texts, loads):
+def print_header(args, export, texts, loads, race):
+    """The lines above the tables; with the race, beside the CPU flags, our fastest setups
+    as its rows measured them (the ones its turns ran)."""
     extra, peaks = [], None
     if args.ctranslate2:
         import ctranslate2
@@ -361,6 +364,7 @@ def print_header(args, export, texts, loads):
         extra.append(f"keras-hub {keras_hub.__version__}")
     common.print_header([
         ("machine", f"{common.describe()}, load average {common.load_average()} at the end"),
+        ("our fastest", race and race.fastest.describe()),
         ("load", "1-min at the start, around the timed batches of --peers, at the end: "
                  + ", ".join(f"{load:.2f}" for load in loads) if args.peers else None),
         ("peak", peaks),

@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import common
 from peers.decoding_workers import (IN_FLIGHT, LATENCY_THREADS, PREVIOUS, SHORTLIST, VMAP, XLA,
@@ -84,9 +85,86 @@ def worker_setups(engine: str, precision: str):
     return setups
 
 
-def measure(args, search: dict):
-    """({(system, label, threads, in_flight): a worker's results}, {(label, threads):
-    taking turns})."""
+class Setup(NamedTuple):
+    """One of our rows as a worker runs it again: its precision (the worker's), environment
+    and row label, threads and requests in flight, and what this run's rows measured of it
+    (sentences/s sorted by length, or single-sentence p50 ms in file order)."""
+    precision: str
+    env: dict
+    label: str
+    threads: int
+    in_flight: int
+    measured: float
+
+
+class Fastest(NamedTuple):
+    """Our fastest setups as this run's rows measured them, which the turns run."""
+    throughput: Setup  # the highest sentences/s sorted by length (as the turns' passes are)
+    latency: Setup  # the lowest single-sentence p50, file order (as the turns send them)
+
+    def describe_throughput(self) -> str:
+        t = self.throughput
+        return (f"{t.label}, {setup_label('ours', t.threads, t.in_flight)}, sorted by "
+                f"length: {t.measured:.1f} sentences/s")
+
+    def describe_latency(self) -> str:
+        t = self.latency
+        return (f"{t.label}, {t.threads} thread{'s' if t.threads > 1 else ''}, "
+                f"p50 {t.measured:.1f} ms (file order)")
+
+    def describe(self) -> str:
+        return f"{self.describe_throughput()}; one sentence: {self.describe_latency()}"
+
+
+class Race(NamedTuple):
+    results: dict  # {(system, label, threads, in_flight): a worker's results}
+    fastest: Fastest
+    turns: dict  # {"latency": latency_turns', "throughput": throughput_turns'}
+
+
+def our_rows(args, results: dict):
+    """[(precision, environment, label, threads, in_flight, a worker's results)] of our
+    rows that race: every SavedModel row but --previous_saved_model's (earlier code) and
+    those skipped."""
+    rows = []
+    for name, engine, precision, env, label in ctranslate2_systems(args):
+        if engine != "saved_model" or precision == PREVIOUS:
+            continue
+        for threads, in_flight in worker_setups(engine, precision):
+            result = results[name, label, threads, in_flight]
+            if "skipped" not in result:
+                rows.append((precision, env, label, threads, in_flight, result))
+    return rows
+
+
+def best_order(result: dict):
+    """(sentences/s, order) of a throughput row at its faster order."""
+    return max((result["file_rate"], "file order"), (result["sorted_rate"], "sorted by length"))
+
+
+def fastest(args, results: dict) -> Fastest:
+    """Our row of the highest sentences/s sorted by length and our row of the lowest
+    single-sentence p50 in file order, with their setups, among this run's rows."""
+    rows = our_rows(args, results)
+    throughput = max((Setup(p, env, label, t, f, r["sorted_rate"])
+                      for p, env, label, t, f, r in rows if "sorted_rate" in r),
+                     key=lambda s: s.measured)
+    latency = min((Setup(p, env, label, t, f, r["latency"][0])
+                   for p, env, label, t, f, r in rows if "latency" in r),
+                  key=lambda s: s.measured)
+    return Fastest(throughput, latency)
+
+
+def lowest_p50(results: dict, engine: str, precision: str):
+    """(p50 ms, threads) of a system's single-sentence rows at its best thread count
+    (file order)."""
+    return min((r["latency"][0], t) for (n, p, t, _), r in results.items()
+               if n.startswith(engine) and p == precision and "latency" in r)
+
+
+def measure(args, search: dict) -> Race:
+    """Every system's rows, then the turns of our fastest setups (`fastest`, as the rows
+    measured them) against CTranslate2."""
     results = {}
     for name, engine, precision, env, label in ctranslate2_systems(args):
         for threads, in_flight in worker_setups(engine, precision):
@@ -101,49 +179,46 @@ def measure(args, search: dict):
                 result["identical"] = sum(a == b for a, b in zip(result["outputs"], plain))
             print(f"  {name}, {label}, {threads} threads, {in_flight} in flight: "
                   f"{ {k: v for k, v in result.items() if k != 'outputs'} }", file=sys.stderr)
+    best = fastest(args, results)
+    print(f"  our fastest: {best.describe()}", file=sys.stderr)
     turns = {"latency": {}, "throughput": {}}
     if args.turns:
-        turns["latency"] = latency_turns(args, search)
+        turns["latency"] = latency_turns(args, search, best.latency,
+                                         lowest_p50(results, "CTranslate2", "float32")[1])
     if args.throughput_rounds:
-        turns["throughput"] = throughput_turns(args, search)
-    return results, turns
+        turns["throughput"] = throughput_turns(args, search, best.throughput)
+    return Race(results, best, turns)
 
 
-def latency_turns(args, search: dict):
-    """{(label, threads): ((p50, p95) ours, (p50, p95) CTranslate2 float32, the median of
-    per-sentence ratios)}: our fastest setup for one sentence (the bfloat16 export if
-    given, in the --env environment) and CTranslate2 float32 taking turns request by
-    request, at each of LATENCY_THREADS."""
-    fastest = "bfloat16" if args.saved_model_bfloat16 else "float32"
-    label, turns = serving_label(args, fastest), {}
-    for threads in LATENCY_THREADS:
-        commands = [worker_command(args, engine, precision, threads, search, serve=True)
-                    for engine, precision in (("saved_model", fastest),
-                                              ("ctranslate2", "float32"))]
-        ours, theirs = taking_turns(commands, [dict(args.env), {}],
-                                    [str(i) for i in range(args.latency_sentences)],
-                                    args.turn_pause)
-        turns[label, threads] = (percentiles(ours), percentiles(theirs),
-                                 statistics.median(a / b for a, b in zip(ours, theirs)))
-        print(f"  taking turns, {label}, {threads} threads: {turns[label, threads]}",
-              file=sys.stderr)
+def latency_turns(args, search: dict, ours: Setup, their_threads: int):
+    """{(label, threads, CTranslate2's threads): ((p50, p95) ours, (p50, p95) CTranslate2
+    float32, the median of per-sentence ratios)}: our fastest setup for one sentence and
+    CTranslate2 float32 at its fastest thread count (both as the rows measured them)
+    taking turns request by request."""
+    commands = [worker_command(args, "saved_model", ours.precision, ours.threads, search,
+                               serve=True),
+                worker_command(args, "ctranslate2", "float32", their_threads, search,
+                               serve=True)]
+    mine, theirs = taking_turns(commands, [ours.env, {}],
+                                [str(i) for i in range(args.latency_sentences)],
+                                args.turn_pause)
+    key = (ours.label, ours.threads, their_threads)
+    turns = {key: (percentiles(mine), percentiles(theirs),
+                   statistics.median(a / b for a, b in zip(mine, theirs)))}
+    print(f"  taking turns, {key}: {turns[key]}", file=sys.stderr)
     return turns
 
 
-def throughput_turns(args, search: dict):
-    """{system label: sentences/s of each round}: our fastest export for throughput (the
-    shortlist's if given, else int8_bfloat16's, else bfloat16's, else float32's; in the
-    --env environment, two
-    requests in flight of one thread each) and CTranslate2 at each compute type (with its
+def throughput_turns(args, search: dict, ours: Setup):
+    """{system label: sentences/s of each round}: our fastest setup for throughput (as the
+    rows measured it, sorted by length) and CTranslate2 at each compute type (with its
     vocabulary map too, with --vmap; two translators of one thread each), all loaded at
     once, taking turns pass by pass over the length-sorted sentences for
     --throughput_rounds rounds, the first to go rotating."""
-    ours = (SHORTLIST if args.saved_model_shortlist else
-            "int8_bfloat16" if args.saved_model_int8_bfloat16 else
-            "bfloat16" if args.saved_model_bfloat16 else "float32")
     theirs = ["int8", "float32"] + ([c + VMAP for c in ("int8", "float32")]
                                     if args.vmap else [])
-    systems = [("saved_model", ours, 1, IN_FLIGHT, dict(args.env), serving_label(args, ours))]
+    systems = [("saved_model", ours.precision, ours.threads, ours.in_flight, ours.env,
+                ours.label)]
     systems += [("ctranslate2", c, LATENCY_THREADS[0], 1, {}, f"CTranslate2 {c}")
                 for c in theirs]
     commands = [worker_command(args, engine, precision, threads, search, serve=True,
@@ -164,12 +239,13 @@ def setup_label(engine: str, threads: int, in_flight: int) -> str:
     return f"1 request at a time, {threads} threads"
 
 
-def print_tables(args, results: dict, turns: dict):
+def print_tables(args, race: Race):
+    results, turns = race.results, race.turns
     env = [] if not args.env else ["identical to the row without --env"]
     timed = {key: r for key, r in results.items()
              if "skipped" not in r and "sorted_rate" in r}
-    # Each system at its best: ours sorted by length (as trainer.translate sends a file),
-    # CTranslate2 with its own batching.
+    # The ratio columns: ours sorted by length (as trainer.translate sends a file) over
+    # CTranslate2 sorted by length, with its own batching.
     reference = {c: results["CTranslate2", c, LATENCY_THREADS[0], 1].get("sorted_rate")
                  for c in ("float32", "int8")}
     ours = results["this project, SavedModel", "float32", LATENCY_THREADS[0], 1]["outputs"]
@@ -190,7 +266,7 @@ def print_tables(args, results: dict, turns: dict):
          "sacreBLEU", "chrF", "output pieces / sentence", "outputs = our float32's", *env],
         rows, text_columns=3,
         title=f"Throughput (2 cores, best of {args.repeats}, text in and out) and quality:")
-    best_row(timed, reference)
+    print(best_row(args, results) + "\n")
     common.print_table(
         ["system", "precision", "threads", "file order", "sorted by length"],
         [[name, precision, threads, "{:.1f} / {:.1f}".format(*r["latency"]),
@@ -198,26 +274,28 @@ def print_tables(args, results: dict, turns: dict):
          for (name, precision, threads, _), r in results.items() if "latency" in r],
         text_columns=2, title="Single-sentence latency, p50 / p95 ms over the first "
         f"{args.latency_sentences} sentences, one request at a time:")
-    best_latency(results)
+    print(best_latency(race) + "\n")
     if turns["latency"]:
         common.print_table(
-            ["SavedModel", "threads", "SavedModel p50 / p95", "CTranslate2 float32 p50 / p95",
-             "p50 ratio", "median of per-sentence ratios"],
-            [[label, threads, f"{o50:.1f} / {o95:.1f}", f"{c50:.1f} / {c95:.1f}",
-              f"{o50 / c50:.2f}x", f"{ratio:.2f}x"]
-             for (label, threads), ((o50, o95), (c50, c95), ratio)
+            ["SavedModel", "threads", "CTranslate2 float32 threads", "SavedModel p50 / p95",
+             "CTranslate2 float32 p50 / p95", "p50 ratio", "median of per-sentence ratios"],
+            [[label, threads, their_threads, f"{o50:.1f} / {o95:.1f}",
+              f"{c50:.1f} / {c95:.1f}", f"{o50 / c50:.2f}x", f"{ratio:.2f}x"]
+             for (label, threads, their_threads), ((o50, o95), (c50, c95), ratio)
              in turns["latency"].items()],
-            title="The same, our SavedModel and CTranslate2 float32 taking turns request by "
-                  f"request (file order, {args.turn_pause * 1e3:.0f} ms between requests):")
+            title="The same, our fastest setup for one sentence as the rows above measured "
+                  f"it ({race.fastest.describe_latency()}) and CTranslate2 float32 at its "
+                  "fastest thread count taking turns request by request (file order, "
+                  f"{args.turn_pause * 1e3:.0f} ms between requests):")
     if turns["throughput"]:
-        print_throughput_turns(args, turns["throughput"])
+        print_throughput_turns(args, race.fastest, turns["throughput"])
     skipped = [f"{n} {p}: {r['skipped']}" for (n, p, t, _), r in results.items()
                if "skipped" in r and t == LATENCY_THREADS[0]]
     if skipped:
         print("Skipped: " + "; ".join(skipped) + "\n")
 
 
-def print_throughput_turns(args, rates: dict):
+def print_throughput_turns(args, fastest: Fastest, rates: dict):
     """The throughput-turns table: each system's median sentences/s over the rounds, and
     ours over each CTranslate2 row as the geometric mean of the rounds' ratios (and
     their range): both sides of a ratio ran within seconds of each other."""
@@ -231,36 +309,39 @@ def print_throughput_turns(args, rates: dict):
     common.print_table(
         ["system", "sentences/s (median)", "ours / it (geometric mean)", "rounds' range"],
         rows, text_columns=1,
-        title=f"Throughput taking turns: our fastest export ({setup_label('ours', 1, IN_FLIGHT)}) "
-              f"and CTranslate2 (2 translators of 1 thread), all loaded at once, one pass each "
-              f"over the sentences sorted by length per round, {len(our_rates)} rounds, the "
-              f"first to go rotating, {args.turn_pause * 1e3:.0f} ms between passes:")
+        title=f"Throughput taking turns: our fastest setup as the throughput rows measured "
+              f"it ({fastest.describe_throughput()}) and CTranslate2 "
+              f"({setup_label('CTranslate2', LATENCY_THREADS[0], 1)}), all loaded at once, "
+              f"one pass each over the sentences sorted by length per round, "
+              f"{len(our_rates)} rounds, the first to go rotating, "
+              f"{args.turn_pause * 1e3:.0f} ms between passes:")
 
 
-def best_row(timed: dict, reference: dict):
-    """The line each engine's best throughput (sorted by length) makes, at its best setup."""
-    def best(engine):
-        rates = {(p, t, f): r["sorted_rate"] for (n, p, t, f), r in timed.items()
-                 if n.startswith(engine)}
-        return max(rates.items(), key=lambda item: item[1]) if rates else (None, 0.0)
-    (precision, threads, in_flight), ours = best("this project")
-    lines = [f"Each at its best: ours {precision}, {setup_label('ours', threads, in_flight)}: "
-             f"{ours:.1f} sentences/s"]
-    for compute_type, rate in reference.items():
-        if rate:
-            lines.append(f"{ours / rate:.2f}x CTranslate2 {compute_type} ({rate:.1f})")
-    print(", ".join(lines) + ".\n")
+def best_row(args, results: dict) -> str:
+    """The line of each engine's best throughput, each at its faster order (file order or
+    sorted by length) and its best setup: ours over our racing rows, CTranslate2 float32
+    and int8 in its own setup."""
+    rate, order, label, threads, in_flight = max(
+        (*best_order(r), label, t, f) for _, _, label, t, f, r in our_rows(args, results)
+        if "sorted_rate" in r)
+    line = (f"Each at its best order and setup: ours {label}, "
+            f"{setup_label('ours', threads, in_flight)}, {order}: {rate:.1f} sentences/s")
+    for compute_type in ("float32", "int8"):
+        theirs = results["CTranslate2", compute_type, LATENCY_THREADS[0], 1]
+        if "sorted_rate" in theirs:
+            their_rate, their_order = best_order(theirs)
+            line += (f"; {rate / their_rate:.2f}x CTranslate2 {compute_type} "
+                     f"({setup_label('CTranslate2', LATENCY_THREADS[0], 1)}, {their_order}: "
+                     f"{their_rate:.1f})")
+    return line + "."
 
 
-def best_latency(results: dict):
-    """The line of each engine's best single-sentence p50 (file order), over its thread
-    setups, and their ratio."""
-    def best(engine, precision=None):
-        found = [(r["latency"][0], p, t) for (n, p, t, _), r in results.items()
-                 if n.startswith(engine) and "latency" in r and p in (precision or p)]
-        return min(found) if found else None
-    ours, theirs = best("this project"), best("CTranslate2", ("float32",))
-    if ours and theirs:
-        print(f"One sentence, each at its best thread setup (p50, file order): ours "
-              f"{ours[1]} at {ours[2]} threads {ours[0]:.1f} ms, CTranslate2 float32 at "
-              f"{theirs[2]} threads {theirs[0]:.1f} ms: {ours[0] / theirs[0]:.2f}x.\n")
+def best_latency(race: Race) -> str:
+    """The line of each engine's best single-sentence p50 (file order) over its setups,
+    ours and CTranslate2 float32's, and their ratio."""
+    ours = race.fastest.latency
+    theirs, threads = lowest_p50(race.results, "CTranslate2", "float32")
+    return (f"One sentence, each at its best thread setup: ours "
+            f"{race.fastest.describe_latency()}; CTranslate2 float32, {threads} "
+            f"thread{'s' if threads > 1 else ''}, p50 {theirs:.1f} ms: "
+            f"{ours.measured / theirs:.2f}x.")
