@@ -26,30 +26,34 @@ the race is at equal rules when the exports were made with --length_penalty=aver
     --batch_size itself, two batches at a time (inter_threads 2, intra_threads 1),
     SentencePiece encoding and decoding in Python around it. The ratio columns compare the
     rates sorted by length (how `trainer.translate` sends a file) with CTranslate2 float32's
-    and int8's, and a line gives each engine at its best setup;
+    and int8's, and a line gives each engine at its best: its faster order (file order or
+    sorted) and its best setup, both named;
   - single-sentence latency, p50 and p95 over the first --latency_sentences sentences sent
     one request at a time, in file order and sorted by length, with 2 threads and with 1,
-    and a line with each engine at its best thread setup;
+    and a line with each engine at its best thread setup (p50, file order);
   - sacreBLEU and chrF of each system's translations against the references, their mean
     length in target pieces, and how many equal our float32 export's (the same search on
     the same weights: a system that decodes other outputs does other work);
+  - our fastest setups, as this run's rows above measured them (not by name: on an Intel
+    Xeon bfloat16 runs slower than float32), in the header's "our fastest" line beside the
+    CPU flags: for throughput, our row (export or --xla signature, with --env or without,
+    one request at a time or two in flight) of the most sentences/s sorted by length; for
+    one sentence, our row (the same, and its thread count) of the lowest p50 in file
+    order; --previous_saved_model's rows are not candidates. The turns race these:
   - the same single-sentence latency with two systems taking turns (--turns): our fastest
-    setup (the bfloat16 export if given, with the --env variables) and CTranslate2 float32,
-    both loaded at once, send the same sentence one after the other, the first to go
+    setup for one sentence and CTranslate2 float32 at its thread count of the lower p50
+    above, both loaded at once, send the same sentence one after the other, the first to go
     alternating, with --turn_pause (250 ms) between requests: CTranslate2's OpenMP threads
     (Intel OpenMP's default KMP_BLOCKTIME is 200 ms) and TensorFlow's pool keep spinning
     after a call, so with 20 ms between requests each engine's spinning threads steal the
     next request's cores. A virtual machine's speed drifts by a third within minutes,
     which decides the ratio of two rows timed minutes apart; taking turns, both see the
     same minutes.
-  - the same for throughput (--throughput_rounds, 8 by default): our fastest export for
-    it (--saved_model_shortlist if given, else --saved_model_int8_bfloat16, else
-    --saved_model_bfloat16, else float32; with
-    the --env variables, two requests in flight of one thread each) and CTranslate2 int8
-    and float32 (and with --vmap, both with their vocabulary map; two translators of one
-    thread each), all loaded at once, each making one pass over the sentences sorted by
-    length per round, the first to go rotating: ours over each as the geometric mean of
-    the rounds' ratios.
+  - the same for throughput (--throughput_rounds, 8 by default): our fastest setup for
+    it and CTranslate2 int8 and float32 (and with --vmap, both with their vocabulary map;
+    two translators of one thread each), all loaded at once, each making one pass over the
+    sentences sorted by length per round, the first to go rotating: ours over each as the
+    geometric mean of the rounds' ratios.
   Rows: each SavedModel given (--saved_model float32, --saved_model_bfloat16 from
   `python -m trainer.export --serving_dtype=bfloat16`, and so on for int8 and
   int8_bfloat16; --previous_saved_model: the same
@@ -62,7 +66,8 @@ the race is at equal rules when the exports were made with --length_penalty=aver
   (e.g. TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1), and the table counts the translations identical
   to the row without them. CTranslate2 suppresses <pad> and <s> (never in our outputs) and
   may stop at the model's positions - 1 tokens (ours: source + the extra length, at most
-  that). About 20 minutes (25 with --xla --env), of which the pauses between turns take 3.
+  that). About 18 minutes (23 with --xla --env), of which the pauses between turns take
+  2 (--turn_pause x (2 x --latency_sentences + 3 x --throughput_rounds)).
 
 --peers --model_dir=DIR: beam-search speed (float32) against keras-hub's BeamSampler and our
 search without its key/value cache, in one process, on the first --sentences sentences (256
@@ -275,11 +280,13 @@ def parse_args(argv):
                      help="also run each serving_default row with this environment variable "
                      "set in its process (repeatable: all of them in one more row each)")
     ct2.add_argument("--turns", action=argparse.BooleanOptionalAction, default=True,
-                     help="also time one sentence with our fastest setup and CTranslate2 "
-                     "float32 taking turns request by request")
+                     help="also time one sentence with our fastest setup for it (as the "
+                     "latency rows measured it) and CTranslate2 float32 taking turns request "
+                     "by request")
     ct2.add_argument("--throughput_rounds", type=int, default=8,
                      help="also time throughput taking turns (with --no-turns too): our "
-                     "fastest export and CTranslate2 int8 and float32, all loaded at once, one "
+                     "fastest setup for it (as the throughput rows measured it) and "
+                     "CTranslate2 int8 and float32, all loaded at once, one "
                      "pass each per round over the sentences sorted by length (0: not)")
     ct2.add_argument("--turn_pause", type=float, default=0.25, help="seconds between two "
                      "requests when taking turns (default 0.25): CTranslate2's OpenMP threads "
