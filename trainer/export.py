@@ -1,6 +1,6 @@
 """python -m trainer.export --model_dir=DIR [--format=saved_model|ctranslate2|marian]
 [--export_dir=DIR] [--export_weights=last|average|ema|best] [--average_last=N]
-[--serving_dtype=float32|bfloat16|int8|int8_bfloat16 [--calibration=FILE]] [--xla]
+[--serving_dtype=float32|bfloat16|int8|int8_bfloat16|auto [--calibration=FILE]] [--xla]
 [--shortlist=SRC,TGT] [--quantization=int8|...]: write a model directory's model for serving.
 
 --format=saved_model (the default) writes the next SavedModel version, for TF Serving or
@@ -8,7 +8,12 @@ any TensorFlow program with tensorflow_text (layout and signatures:
 trainer/serving/saved_model.py). --format=ctranslate2 writes a CTranslate2 model directory
 (trainer/serving/ctranslate2.py; needs `pip install -e ".[ctranslate2]"`).
 --format=marian writes a Hugging Face Marian checkpoint that Transformers loads
-(trainer/serving/marian.py), to publish on the Hub as OPUS-MT models are. The formats
+(trainer/serving/marian.py), to publish on the Hub as OPUS-MT models are.
+
+--serving_dtype says what a SavedModel computes in. Which dtype is fastest depends on the
+CPU, so --serving_dtype=auto --calibration=FILE builds each, times it on this machine as a
+server runs it, and keeps the fastest whose translations agree with float32's, printing the
+table and recording it in export.json (trainer/serving/dtype_choice.py). The formats
 are listed in trainer/serving/exporters.py; each flag below fills the option of the same
 name of the formats that have one.
 """
@@ -58,19 +63,24 @@ flags.DEFINE_float("patience", DecodeConfig.patience, "SavedModel: with --stoppi
 flags.DEFINE_integer("max_beam_size", DecodeConfig.max_beam_size, "SavedModel: the largest "
                      "beam_size (and number of samples) a client may ask of the "
                      "translate_with_options and sample signatures.")
-flags.DEFINE_enum("serving_dtype", "float32", ("float32", "bfloat16", "int8", "int8_bfloat16"),
-                  "SavedModel: what the graph computes in; bfloat16 (bfloat16 weights and "
-                  "matmuls, float32 softmaxes and scores) is the fastest on CPUs with "
-                  "AVX-512 BF16 or AMX; int8 (the decoding step's matmuls on int8 weights "
-                  "and inputs, oneDNN's int8 kernel; the rest float32) is faster than "
-                  "float32 on x86 CPUs without bfloat16; int8_bfloat16 (those matmuls int8, "
-                  "each input rounded by a range measured on --calibration's sentences; "
-                  "the rest bfloat16) is the fastest for batches on CPUs with AVX-512 BF16 "
-                  "and VNNI but no AMX.")
-flags.DEFINE_string("calibration", "", "SavedModel, --serving_dtype=int8_bfloat16: a text "
-                    "file of source sentences, one per line (its first 1,000 are read; the "
-                    "validation set's source side, say), that the bfloat16 model translates "
-                    "to measure the largest input of each int8 matmul.")
+flags.DEFINE_enum("serving_dtype", "float32",
+                  ("float32", "bfloat16", "int8", "int8_bfloat16", "auto"),
+                  "SavedModel: what the graph computes in: float32; bfloat16 (bfloat16 "
+                  "weights and matmuls, float32 softmaxes and scores); int8 (the decoding "
+                  "step's matmuls on int8 weights and inputs, oneDNN's int8 kernel; the "
+                  "rest float32); int8_bfloat16 (the encoder's and the step's matmuls int8, "
+                  "each input rounded by a range measured on --calibration's sentences; the "
+                  "rest bfloat16); auto: each of them built and timed on --calibration's "
+                  "sentences on this machine, two requests in flight as a server runs them, "
+                  "and the fastest kept whose translations equal float32's on at least 80% "
+                  "of them and score at least 80 sacreBLEU against float32's (without the "
+                  "int8 ones under --xla). Which is fastest depends on the CPU: export with "
+                  "auto on the kind of host that will serve.")
+flags.DEFINE_string("calibration", "", "SavedModel, --serving_dtype=int8_bfloat16 or auto: a "
+                    "text file of source sentences, one per line (its first 1,000 are read; "
+                    "the validation set's source side, say), that the bfloat16 model "
+                    "translates to measure the largest input of each int8 matmul; auto also "
+                    "times each dtype on its first 512.")
 flags.DEFINE_bool("xla", False, "SavedModel: also export translate_xla, serving_default with "
                   "the search of requests of up to 4 sentences compiled by XLA, faster for "
                   "small requests (a compile per new batch size and source width bucket; "

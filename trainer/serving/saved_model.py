@@ -64,6 +64,8 @@ SIGNATURES = warmup.SIGNATURES
 INFO_FILE = "export.json"
 # What the exported graph computes its matmuls in (trainer.export --serving_dtype).
 SERVING_DTYPES = ("float32", "bfloat16", "int8", "int8_bfloat16")
+# --serving_dtype=auto: the fastest of SERVING_DTYPES on this machine (dtype_choice.py).
+AUTO = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,20 +78,22 @@ class Options:
         penalty (and the other fixed signatures'), the largest beam translate_with_options
         and sample accept; None: the model directory's (config.json's "decode", else the
         paper's).
-      serving_dtype: one of SERVING_DTYPES: "float32", or "bfloat16" for CPUs with AVX-512
-        BF16 or AMX: weights and activations in bfloat16, attention softmax, log-probs and
-        scores in float32. bfloat16 weights rather than float32 ones cast at every
-        decoding step (Keras' mixed_bfloat16): the casts cost more than the matmuls save.
-        "int8": the decoding step's matmuls on int8 weights (a scale per output column)
-        and int8 inputs (a scale per row), oneDNN's int8 kernel; the rest float32
-        (keras_transformer.quantization). "int8_bfloat16": those matmuls int8 with each
-        one's input range measured on `calibration`'s sentences, the rest bfloat16
-        (trainer/serving/calibration.py); the fastest for batches on CPUs with AVX-512
-        BF16 and VNNI but no AMX.
+      serving_dtype: one of SERVING_DTYPES, or AUTO. "float32"; "bfloat16": weights and
+        activations in bfloat16, attention softmax, log-probs and scores in float32
+        (bfloat16 weights rather than float32 ones cast at every decoding step, Keras'
+        mixed_bfloat16: the casts cost more than the matmuls save); "int8": the decoding
+        step's matmuls on int8 weights (a scale per output column) and int8 inputs (a
+        scale per row), oneDNN's int8 kernel, the rest float32
+        (keras_transformer.quantization); "int8_bfloat16": the encoder's and the step's
+        matmuls int8 with each one's input range measured on `calibration`'s sentences,
+        the rest bfloat16 (trainer/serving/calibration.py). Which is fastest depends on
+        the CPU; AUTO builds each, times them on `calibration`'s sentences on this machine
+        and keeps the fastest that agrees with float32 (trainer/serving/dtype_choice.py).
       xla: also export translate_xla (trainer/serving/xla.py); not with int8, whose
         kernel XLA cannot compile, nor with a shortlist.
       shortlist: a vocabulary shortlist for every beam search (trainer/serving/shortlist.py).
-      calibration: int8_bfloat16 only: a text file of source sentences, one per line.
+      calibration: int8_bfloat16 and AUTO only: a text file of source sentences, one per
+        line.
     """
 
     weights: WeightsChoice = dataclasses.field(default_factory=WeightsChoice)
@@ -100,9 +104,9 @@ class Options:
     calibration: str = ""
 
     def __post_init__(self):
-        if self.serving_dtype not in SERVING_DTYPES:
+        if self.serving_dtype not in SERVING_DTYPES + (AUTO,):
             raise ValueError(f"unknown serving dtype {self.serving_dtype!r}; choose one of "
-                             f"{', '.join(SERVING_DTYPES)}")
+                             f"{', '.join(SERVING_DTYPES + (AUTO,))}")
         if self.xla and self.serving_dtype.startswith("int8"):
             raise ValueError(f"--xla cannot compile the {self.serving_dtype} step (XLA has "
                              "no int8 matmul kernel of oneDNN's); export it without --xla")
@@ -110,9 +114,13 @@ class Options:
             raise ValueError("--serving_dtype=int8_bfloat16 needs --calibration=FILE: source "
                              "sentences, one per line, to measure each int8 matmul's input "
                              "range on (the validation set's source side, say)")
-        if self.calibration and self.serving_dtype != "int8_bfloat16":
-            raise ValueError(f"--calibration is for --serving_dtype=int8_bfloat16, not "
-                             f"{self.serving_dtype}")
+        if self.serving_dtype == AUTO and not self.calibration:
+            raise ValueError("--serving_dtype=auto needs --calibration=FILE: source "
+                             "sentences, one per line, to calibrate int8_bfloat16 and time "
+                             "each dtype on (the validation set's source side, say)")
+        if self.calibration and self.serving_dtype not in ("int8_bfloat16", AUTO):
+            raise ValueError(f"--calibration is for --serving_dtype=int8_bfloat16 or auto, "
+                             f"not {self.serving_dtype}")
         if self.xla and self.shortlist.paths:
             raise ValueError("--xla compiles fixed shapes, and a shortlist's candidates "
                              "change from batch to batch; export it without --xla")
@@ -220,7 +228,25 @@ def _servable(translator: Translator) -> tf.Module:
 
 
 def export(model_dir: str, export_dir: str, options: Options = Options()) -> str:
-    """Exports model_dir's model as the next version in export_dir; returns its path."""
+    """Exports model_dir's model as the next version in export_dir; returns its path.
+    With serving_dtype AUTO, the fastest candidate's (dtype_choice.py), the others built
+    beside it in staging directories and removed."""
+    if options.serving_dtype == AUTO:
+        from trainer.serving import dtype_choice  # it builds its candidates with `write`
+        candidates = [dtype for dtype in SERVING_DTYPES
+                      if not (options.xla and dtype.startswith("int8"))]
+        with dtype_choice.fastest(model_dir, export_dir, options, candidates,
+                                  write) as (staging, info):
+            return _publish(staging, export_dir, info)
+    with files.staged_directory(export_dir) as staging:
+        return _publish(staging, export_dir, write(model_dir, export_dir, staging.path,
+                                                   options))
+
+
+def write(model_dir: str, export_dir: str, path: str, options: Options) -> dict:
+    """Writes model_dir's model as `options` ask (serving_dtype one of SERVING_DTYPES) as
+    a SavedModel version at `path`, a staging directory of export_dir; returns what its
+    export.json records, the version to come."""
     translator, checkpoints = build_translator(model_dir, options)
     signatures = {name: getattr(translator, "translate" if name == "serving_default" else name
                                 ).get_concrete_function() for name in SIGNATURES}
@@ -233,13 +259,12 @@ def export(model_dir: str, export_dir: str, options: Options = Options()) -> str
             "calibration": options.calibration or None,
             "shortlist": options.shortlist.describe() if options.shortlist.paths else None,
             "model": translator.model.config.to_dict(), "signatures": list(signatures)}
-    with files.staged_directory(export_dir) as staging:
-        tf.saved_model.save(_servable(translator), staging.path, signatures=signatures)
-        extra = os.path.join(staging.path, "assets.extra")
-        tf.io.gfile.makedirs(extra)
-        warmup.write(os.path.join(extra, warmup.FILE),
-                     os.path.basename(os.path.abspath(export_dir)), translator.decode)
-        return _publish(staging, export_dir, info)
+    tf.saved_model.save(_servable(translator), path, signatures=signatures)
+    extra = os.path.join(path, "assets.extra")
+    tf.io.gfile.makedirs(extra)
+    warmup.write(os.path.join(extra, warmup.FILE),
+                 os.path.basename(os.path.abspath(export_dir)), translator.decode)
+    return info
 
 
 def read_info(saved_model: str) -> dict:
