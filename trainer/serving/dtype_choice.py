@@ -245,11 +245,15 @@ def _worker():
         return [t.decode("utf-8") for t in outputs]
 
     with ThreadPoolExecutor(max_workers=IN_FLIGHT) as pool:
-        outputs = [t for batch in pool.map(translate, batches) for t in batch]
-        print(json.dumps({"outputs": outputs}), flush=True)
+
+        def translate_all():  # IN_FLIGHT batches at once, each the next one left
+            futures = [pool.submit(translate, batch) for batch in batches]
+            return [t for future in futures for t in future.result()]
+
+        print(json.dumps({"outputs": translate_all()}), flush=True)
         for line in sys.stdin:
             start = time.perf_counter()
-            list(pool.map(translate, batches))
+            translate_all()
             print(json.dumps({"seconds": time.perf_counter() - start}), flush=True)
 
 
