@@ -48,10 +48,13 @@ def test_a_dropped_candidate_is_never_chosen_however_fast():
     assert dtype_choice.choose(figures[:1] + figures[2:]).serving_dtype == "float32"
 
 
-def test_auto_needs_calibration_sentences_and_takes_xla():
+def test_auto_needs_calibration_sentences_and_with_xla_builds_no_int8_candidate():
     with pytest.raises(ValueError, match="--serving_dtype=auto needs --calibration=FILE"):
         saved_model.Options(serving_dtype="auto")
-    saved_model.Options(serving_dtype="auto", calibration="val.en", xla=True)
+    assert saved_model.Options(serving_dtype="auto", calibration="val.en").candidates == \
+        saved_model.SERVING_DTYPES
+    assert saved_model.Options(serving_dtype="auto", calibration="val.en",
+                               xla=True).candidates == ("float32", "bfloat16")
 
 
 def _calibration(directory):
@@ -99,16 +102,6 @@ def test_auto_publishes_one_version_the_fastest_kept_candidate(exported, tmp_pat
     assert translations.shape == (2,)
 
 
-def test_auto_with_xla_builds_no_int8_candidate(exported, tmp_path):
-    export_dir, _ = _auto_export(exported, tmp_path, "--xla")
-    info = json.loads((export_dir / "1" / "assets.extra" / "export.json").read_text())
-    assert [c["serving_dtype"] for c in info["serving_dtype_choice"]["candidates"]] == [
-        "float32", "bfloat16"]
-    assert info["serving_dtype"] in ("float32", "bfloat16")
-    assert "translate_xla" in info["signatures"]
-    assert sorted(p.name for p in export_dir.iterdir()) == ["1"]
-
-
 def test_auto_without_calibration_fails_in_one_line_naming_it(exported, tmp_path):
     result = subprocess.run([sys.executable, "-m", "trainer.export",
                              f"--model_dir={exported.model_dir}", "--serving_dtype=auto",
@@ -119,3 +112,36 @@ def test_auto_without_calibration_fails_in_one_line_naming_it(exported, tmp_path
     assert len(lines) == 1 and "--calibration" in lines[0], result.stderr
     assert lines[0].startswith("trainer.export: error: --serving_dtype=auto needs")
     assert not (tmp_path / "auto").exists()
+
+
+def test_compare_exports_times_each_export_against_the_first_and_names_the_fastest_kept(
+        exported, tmp_path):
+    """The serving host's check: python -m trainer.compare_exports on the float32 export
+    and a bfloat16 one of the same model, timed as auto times its candidates."""
+    succeeded(program("export", f"--model_dir={exported.model_dir}",
+                      f"--export_dir={tmp_path / 'bfloat16'}", "--serving_dtype=bfloat16",
+                      cwd=tmp_path))
+    result = succeeded(program("compare_exports",
+                               f"--saved_model={exported.version_dir},{tmp_path / 'bfloat16'}",
+                               f"--sentences={_calibration(tmp_path)}", "--count=24",
+                               "--rounds=2", cwd=tmp_path))
+    rows = {}
+    for line in result.stdout.splitlines():
+        for dtype in ("float32", "bfloat16"):
+            if line.startswith(f"{dtype} ("):
+                rate, identical = line.split(")", 1)[1].split()[:2]
+                rows[dtype] = (float(rate), line)
+                if dtype == "float32":  # the reference: itself, and always kept
+                    assert identical == "100.0%" and line.endswith("kept"), line
+    assert set(rows) == {"float32", "bfloat16"}, result.stdout
+    kept = {dtype: rate for dtype, (rate, line) in rows.items() if line.endswith("kept")}
+    assert f"fastest kept: {max(kept, key=kept.get)} (" in result.stdout
+    assert "on 24 sentences" in result.stdout and "2 rounds" in result.stdout
+
+
+def test_compare_exports_refuses_a_missing_file_in_one_line(exported, tmp_path):
+    result = program("compare_exports", f"--saved_model={exported.version_dir}",
+                     f"--sentences={tmp_path / 'none.en'}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"trainer.compare_exports: error: --sentences={tmp_path / 'none.en'} cannot be read")

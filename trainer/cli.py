@@ -1,6 +1,7 @@
 """What the command-line programs share: how they start, fail, read lines and report
 progress. Only the programs (trainer/task.py, translate.py, evaluate.py, export.py,
-average.py, visualize.py, convert.py, data/multi30k.py) import this module; the code below
+compare_exports.py, average.py, visualize.py, convert.py, data/multi30k.py) import this
+module; the code below
 them takes plain arguments. `run` runs a program's main in its own process, `call` in the
 caller's (the tests', tests/programs.py).
 """

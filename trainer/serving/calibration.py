@@ -24,16 +24,17 @@ SENTENCES = 1000
 BATCH = 64
 
 
-def read_sentences(path: str) -> List[str]:
-    """The first SENTENCES non-empty lines of the text file path."""
+def read_sentences(path: str, flag: str = "--calibration") -> List[str]:
+    """The first SENTENCES non-empty lines of the text file path; a ValueError naming
+    `flag` (the program's flag that gave it) when there are none."""
     try:
         lines = read_text(path)
     except OSError as e:
-        raise ValueError(f"--calibration={path} cannot be read ({e.strerror}); give a text "
+        raise ValueError(f"{flag}={path} cannot be read ({e.strerror}); give a text "
                          "file of source sentences, one per line") from None
     sentences = [line for line in lines if line.strip()][:SENTENCES]
     if not sentences:
-        raise ValueError(f"--calibration={path} holds no sentence; give a text file of "
+        raise ValueError(f"{flag}={path} holds no sentence; give a text file of "
                          "source sentences, one per line")
     return sentences
 

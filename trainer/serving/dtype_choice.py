@@ -75,14 +75,16 @@ def agreement(outputs: Sequence[str], reference: Sequence[str]) -> Tuple[float, 
     return identical, sacrebleu.corpus_bleu(list(outputs), [list(reference)]).score
 
 
-def verdict(serving_dtype: str, identical: float, bleu: float) -> str:
-    """Why the agreement rule drops a candidate ("" when it keeps it)."""
-    if serving_dtype == REFERENCE:
+def verdict(serving_dtype: str, identical: float, bleu: float,
+            reference: str = REFERENCE) -> str:
+    """Why the agreement rule drops a candidate ("" when it keeps it); `reference` always
+    passes."""
+    if serving_dtype == reference:
         return ""
     if identical < MIN_IDENTICAL:
-        return f"{identical:.1%} identical to {REFERENCE} (< {MIN_IDENTICAL:.0%})"
+        return f"{identical:.1%} identical to {reference} (< {MIN_IDENTICAL:.0%})"
     if bleu < MIN_BLEU:
-        return f"sacreBLEU {bleu:.1f} against {REFERENCE} (< {MIN_BLEU:g})"
+        return f"sacreBLEU {bleu:.1f} against {reference} (< {MIN_BLEU:g})"
     return ""
 
 
@@ -101,9 +103,7 @@ def fastest(model_dir: str, export_dir: str, options, dtypes: Sequence[str],
     staging directory of export_dir, all removed on leaving but a published one. `options`:
     saved_model.Options with serving_dtype "auto"; its calibration file's first `sentences`
     are timed for `rounds` rounds."""
-    from trainer.serving import calibration  # TensorFlow: not in a worker before its pools
-    texts = sorted(calibration.read_sentences(options.calibration)[:sentences],
-                   key=lambda t: len(t.split()))
+    texts = timed_texts(options.calibration, sentences)
     with contextlib.ExitStack() as stack:
         staged, infos = {}, {}
         for dtype in dtypes:
@@ -130,10 +130,20 @@ def fastest(model_dir: str, export_dir: str, options, dtypes: Sequence[str],
                                              "serving_dtype_choice": record}
 
 
+def timed_texts(path: str, sentences: int = SENTENCES, flag: str = "--calibration"
+                ) -> List[str]:
+    """The first `sentences` non-empty lines of the text file `path` (at most 1,000),
+    sorted by length in words, as a server's batches would be; ValueError naming `flag`
+    and the file if it has none."""
+    from trainer.serving import calibration  # TensorFlow: not in a worker before its pools
+    return sorted(calibration.read_sentences(path, flag)[:sentences],
+                  key=lambda t: len(t.split()))
+
+
 def measure(paths: Dict[str, str], texts: List[str], rounds: int) -> List[Candidate]:
-    """Every SavedModel of paths ({dtype: version directory}, REFERENCE first) timed on
-    texts in a worker process of its own, taking turns for `rounds` rounds, with the
-    agreement rule applied."""
+    """Every SavedModel of paths ({name: version directory}, the reference of the
+    agreement rule first: REFERENCE's) timed on texts in a worker process of its own,
+    taking turns for `rounds` rounds, with the agreement rule applied."""
     with contextlib.ExitStack() as stack:
         workers = {dtype: stack.enter_context(_Worker(path, texts))
                    for dtype, path in paths.items()}
@@ -143,11 +153,11 @@ def measure(paths: Dict[str, str], texts: List[str], rounds: int) -> List[Candid
         for r in range(rounds):
             for dtype in order[r % len(order):] + order[:r % len(order)]:
                 seconds[dtype].append(workers[dtype].timed_pass())
-    candidates = []
+    candidates, reference = [], next(iter(paths))
     for dtype in paths:
-        identical, bleu = agreement(outputs[dtype], outputs[REFERENCE])
+        identical, bleu = agreement(outputs[dtype], outputs[reference])
         rates = [round(len(texts) / s, 1) for s in seconds[dtype]]
-        reason = verdict(dtype, identical, bleu)
+        reason = verdict(dtype, identical, bleu, reference)
         candidates.append(Candidate(dtype, statistics.median(rates), rates,
                                     round(identical, 4), round(bleu, 2), kept=not reason,
                                     reason=reason))
@@ -155,12 +165,13 @@ def measure(paths: Dict[str, str], texts: List[str], rounds: int) -> List[Candid
 
 
 def table(candidates: Sequence[Candidate]) -> str:
-    """One row per candidate: sentences/s, identical to float32, sacreBLEU, kept or why
-    dropped."""
-    rows = [f"{'serving_dtype':<14} {'sentences/s':>11} {'identical':>9} {'sacreBLEU':>9}  "
-            "kept"]
+    """One row per candidate: sentences/s, identical to the first's, sacreBLEU against
+    them, kept or why dropped."""
+    width = max(14, *(len(c.serving_dtype) + 1 for c in candidates))
+    rows = [f"{'serving_dtype':<{width}} {'sentences/s':>11} {'identical':>9} "
+            f"{'sacreBLEU':>9}  kept"]
     for c in candidates:
-        rows.append(f"{c.serving_dtype:<14} {c.sentences_per_second:>11.1f} "
+        rows.append(f"{c.serving_dtype:<{width}} {c.sentences_per_second:>11.1f} "
                     f"{c.identical_to_float32:>9.1%} {c.bleu_vs_float32:>9.1f}  "
                     f"{'kept' if c.kept else 'dropped: ' + c.reason}")
     return "\n".join(rows)

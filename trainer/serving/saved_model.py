@@ -125,6 +125,13 @@ class Options:
             raise ValueError("--xla compiles fixed shapes, and a shortlist's candidates "
                              "change from batch to batch; export it without --xla")
 
+    @property
+    def candidates(self) -> Tuple[str, ...]:
+        """The serving dtypes AUTO builds and times: SERVING_DTYPES, without the int8
+        ones under xla (XLA cannot compile oneDNN's int8 kernel)."""
+        return tuple(dtype for dtype in SERVING_DTYPES
+                     if not (self.xla and dtype.startswith("int8")))
+
 
 def default_dir(name: str, options: Options) -> str:
     """Where `python -m trainer.export` writes the versions of model directory `name`."""
@@ -233,9 +240,7 @@ def export(model_dir: str, export_dir: str, options: Options = Options()) -> str
     beside it in staging directories and removed."""
     if options.serving_dtype == AUTO:
         from trainer.serving import dtype_choice  # it builds its candidates with `write`
-        candidates = [dtype for dtype in SERVING_DTYPES
-                      if not (options.xla and dtype.startswith("int8"))]
-        with dtype_choice.fastest(model_dir, export_dir, options, candidates,
+        with dtype_choice.fastest(model_dir, export_dir, options, options.candidates,
                                   write) as (staging, info):
             return _publish(staging, export_dir, info)
     with files.staged_directory(export_dir) as staging:
