@@ -51,7 +51,6 @@ import collections
 import dataclasses
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -60,7 +59,7 @@ import tensorflow as tf
 import keras_transformer
 from trainer.config import PRECISIONS, RunConfig
 from trainer.data import input_pipeline, sources
-from trainer.training import precision
+from trainer.training.precision import Choice, measured_choice
 
 import common
 from peers import Batch, training_runners
@@ -130,7 +129,9 @@ def measure_pipeline(args, precisions: List[str], jit_modes: List[bool]):
                             for f in dataclasses.fields(input_pipeline.Data)})
     model_config = keras_transformer.TransformerConfig.small(
         vocab_size=data.tokenizers.target.vocab_size)
-    auto = measured_choice(built, model_config, args)
+    # What --precision=auto chooses here, measured as the trainer measures it.
+    auto = measured_choice(model_config, built, RunConfig(
+        model_dir=tempfile.mkdtemp(), warmup_steps=args.schedule_warmup_steps))
     print(auto.describe(), flush=True)
     results = []
     for jit_compile in jit_modes:
@@ -144,20 +145,8 @@ def measure_pipeline(args, precisions: List[str], jit_modes: List[bool]):
     return results, peaks, data, model_config, auto
 
 
-def measured_choice(data: input_pipeline.Data, model_config, args) -> precision.Choice:
-    """What `--precision=auto` would choose here, measured as the trainer measures it
-    (`trainer.training.precision.measure`, on the first batches of the same pipeline)."""
-    batches = list(data.train_dataset().take(precision.BATCHES))
-    run = RunConfig(model_dir=tempfile.mkdtemp(), precision="float32",
-                    warmup_steps=args.schedule_warmup_steps)
-    start = time.perf_counter()
-    rates = precision.measure(model_config, batches, run)
-    return precision.Choice(precision.faster(rates), "measured", rates,
-                            time.perf_counter() - start)
-
-
 def print_pipeline_report(args, results: List[Result], peaks: Peaks, data, model_config,
-                          load_before: str, auto: precision.Choice):
+                          load_before: str, auto: Choice):
     params = keras_transformer.Transformer(model_config)
     params.build()
     shapes = collections.Counter()

@@ -167,28 +167,34 @@ def faster(rates: Dict[str, float]) -> str:
             else "float32")
 
 
+def measured_choice(model_config: TransformerConfig, data, run: RunConfig) -> Choice:
+    """The faster precision (`faster`) on the first BATCHES batches of `data`'s training
+    stream (`measure`), with the rates and the seconds it took."""
+    start = time.perf_counter()
+    rates = measure(model_config, list(data.train_dataset().take(BATCHES)), run)
+    return Choice(faster(rates), "measured", rates, time.perf_counter() - start)
+
+
 def choose(model_config: TransformerConfig, data, run: RunConfig, strategy,
            log: Callable[[str], None] = print) -> Choice:
     """The run's precision: run.precision if given; with AUTO_PRECISION, the model
-    directory's record (a resumed run), else `gpu_precision` on GPUs, else measured on
-    the first BATCHES batches of `data`'s training stream (`measure`). The chief records
-    it; with several workers every worker returns the chief's. Logs the choice's line."""
+    directory's record (a resumed run), else `gpu_precision` on GPUs, else
+    `measured_choice`. The chief records it; with several workers every worker returns
+    the chief's. Logs the choice's line."""
     if run.precision != AUTO_PRECISION:
         choice = Choice(run.precision, "flag")
-    elif distribute.is_chief():
+    elif not distribute.is_chief():
+        choice = Choice(_chief_to_all(strategy, None), "chief")
+    else:
         choice = read_record(run.model_dir)
         if choice is None and tf.config.list_physical_devices("GPU"):
             choice = Choice(gpu_precision(), "gpu")
         elif choice is None:
             log(f"precision: timing float32 against mixed_bfloat16 on this CPU "
                 f"(at most {BUDGET_SECONDS:.0f} s; --precision= skips it)")
-            start = time.perf_counter()
-            batches = list(data.train_dataset().take(BATCHES))
-            rates = measure(model_config, batches, run)
-            choice = Choice(faster(rates), "measured", rates, time.perf_counter() - start)
-    if run.precision == AUTO_PRECISION and distribute.cluster_workers() > 1:
-        precision = _chief_to_all(strategy, choice.precision if distribute.is_chief() else None)
-        choice = choice if distribute.is_chief() else Choice(precision, "chief")
+            choice = measured_choice(model_config, data, run)
+        if distribute.cluster_workers() > 1:
+            _chief_to_all(strategy, choice.precision)
     if distribute.is_chief() and choice.chosen_by != "recorded":
         write_record(run.model_dir, choice)
     log(choice.describe())
