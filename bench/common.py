@@ -25,7 +25,7 @@ tokens only: the work a batch needs. An implementation that computes them at pad
 (the peers; ours under XLA) does B*S - S' and B*T - T' positions more that the count
 leaves out, as lost MFU. Attention counts the padded blocks, which every implementation
 computes; the causal mask does not halve the self-attention count, since the step
-computes the masked half too. (Older tables in docs/runs.md counted every position,
+computes the masked half too. (Older tables in bench/runs.md counted every position,
 S' = B*S and T' = B*T: 25-30% more on Multi30k's batches.)
 """
 

@@ -18,7 +18,7 @@ def _swap_length_and_heads(x):
     A reshape when a or b is statically 1 (nothing moves), else an einsum, not a
     transpose: with oneDNN on, TensorFlow runs tf.transpose as a oneDNN reorder built at
     every call, which costs a small decoding step more than the einsum's transpose, and
-    training is no slower (docs/performance-notes.md, "The projection's copy and the
+    training is no slower (bench/performance-notes.md, "The projection's copy and the
     head splits").
     """
     a, b, depth = x.shape[1], x.shape[2], x.shape[3]
@@ -57,7 +57,7 @@ def scaled_dot_product_attention(query, key, value, mask=None, dropout_layer=Non
 # A decoding step of at most this many rows (4 sentences of 4 beams) attends with
 # elementwise ops: oneDNN splits each of its batched matmuls and softmaxes over the
 # intra-op threads, and on small tensors waking the other thread costs more than the op
-# (docs/performance-notes.md, "Attention without oneDNN for small steps"). Larger steps
+# (bench/performance-notes.md, "Attention without oneDNN for small steps"). Larger steps
 # are faster with the matmuls, and so are small ones with a single thread.
 ELEMENTWISE_MAX_ROWS = 16
 

@@ -14,7 +14,7 @@ Two loops take the same steps (`_beam_step`) on differently shaped tensors:
 - the growing search, shaped for CPU serving cost: a step's state (a Transformer's cache)
   may grow, and a done sentence's rows leave it (the step's `keep`);
 - the fixed-shape search, for a step whose state keeps one shape (`step.fixed_shapes`:
-  XLA, which fuses a step's hundreds of small ops; see docs/performance-notes.md): a done
+  XLA, which fuses a step's hundreds of small ops; see bench/performance-notes.md): a done
   sentence stays in the batch with its results kept.
 
 Shapes: n sentences still searching (batch with fixed shapes), beam = beam_size, and
@@ -171,7 +171,7 @@ def _growing_beam_search(search, state):
                     search.step.keep(state, kept))
 
         # Most steps no sentence is done: skip those ops then (a step's kernel count
-        # is what one sentence's latency pays for, docs/performance-notes.md).
+        # is what one sentence's latency pays for, bench/performance-notes.md).
         results, searching, state = tf.cond(tf.reduce_any(done), leave,
                                             lambda: (results, searching, state))
         sentences, beams, finished, parents = searching

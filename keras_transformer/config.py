@@ -179,7 +179,7 @@ class TransformerConfig:
     def tiny(cls, vocab_size: int = 1000, **overrides) -> "TransformerConfig":
         """A 2-layer, d_model=64 model for tests and the builtin corpus, without dropout:
         the builtin corpus is generated, its 1,000-update run reads each pair about five
-        times, and dropout only slows what such a run learns (docs/runs.md)."""
+        times, and dropout only slows what such a run learns (bench/runs.md)."""
         return cls._preset(dict(num_layers=2, d_model=64, d_ff=256, num_heads=4, dropout=0.0,
                                 max_length=128), vocab_size, overrides)
 

@@ -75,7 +75,7 @@ class SharedEmbedding(keras.layers.Layer):
 
         - in float32, "projection", its transpose [d_model, vocab_size], made once: in
           float32 a matmul with it is faster at every step than one with transpose_b
-          (docs/performance-notes.md, "Ranking the vocabulary in two passes"), and
+          (bench/performance-notes.md, "Ranking the vocabulary in two passes"), and
           "bias" [vocab_size] when there is an output bias; or
         - in other compute dtypes, "output_matrix", the same matrix as the projection's
           rows (a shortlist keeps a few of them: `restrict_step_weights`), and "bias"
@@ -83,7 +83,7 @@ class SharedEmbedding(keras.layers.Layer):
           bias (section 3.4), but a matmul followed by a bias is what TensorFlow hands to
           oneDNN's fused matmul, and that kernel keeps the matrix in its own bfloat16 layout
           from one step to the next when serving runs with TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1;
-          the plain matmul lays it out again at every step (docs/performance-notes.md, "The
+          the plain matmul lays it out again at every step (bench/performance-notes.md, "The
           projection's copy and the head splits"). The matrix is read with transpose_b: in
           bfloat16 oneDNN does that as fast, and it skips the transposed copy.
         """

@@ -15,7 +15,7 @@ class LogProbs(NamedTuple):
     that keeps only a few tokens per sentence (beam search): it ranks the probabilities and
     normalizes only the logits it keeps (`best_extensions`). A log-softmax writes every
     row's vocabulary of log-probs in several passes, where oneDNN's softmax takes one:
-    the log-softmax was a fifth of a 64-sentence batch's step (docs/performance-notes.md,
+    the log-softmax was a fifth of a 64-sentence batch's step (bench/performance-notes.md,
     "The log-softmax left out").
 
     logits: float32 [rows, vocab]; probabilities: float32 [rows, vocab], their softmax (a

@@ -16,7 +16,7 @@ def _smoothed_terms(x, labels, label_smoothing):
     max(x) - log(max(softmax(x))): max(softmax) >= 1 / vocab, so the log never underflows,
     however improbable the label. One softmax kernel (oneDNN's on CPU) gives both lse and
     the gradient's p, where a log-softmax and the exp of it in the gradient were the two
-    slowest passes over [positions, vocab] (docs/performance-notes.md, "The loss over the
+    slowest passes over [positions, vocab] (bench/performance-notes.md, "The loss over the
     vocabulary").
     """
     probs = tf.nn.softmax(x, axis=-1)

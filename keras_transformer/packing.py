@@ -42,7 +42,7 @@ class Packing:
         self.shape = tf.shape(ids)  # [2]: batch, length
         real = tf.reshape(tf.not_equal(ids, PAD_ID), [-1])  # [batch * length]
         # Both directions are gathers, forward and backward: unpacking with tf.scatter_nd
-        # cost a CPU step as much as the padding saved (docs/performance-notes.md). `_rows` picks
+        # cost a CPU step as much as the padding saved (bench/performance-notes.md). `_rows` picks
         # the tokens out of the flattened batch, `_slots` every position's token, or for
         # padding the zero row after the last token.
         self._rows = tf.cast(tf.where(real)[:, 0], tf.int32)  # [tokens]

@@ -116,7 +116,7 @@ class TransformerStep(Step):
         rows only leave, so a search that starts with at most ELEMENTWISE_MAX_ROWS rows
         (a request of up to 4 sentences of 4 beams) attends elementwise at every step,
         without a `tf.cond` per attention per step (one sentence 2-8% faster,
-        docs/performance-notes.md); a larger one chooses at each step."""
+        bench/performance-notes.md); a larger one chooses at each step."""
         if not self.use_cache or self.fixed_shapes:
             return search(self)
         return tf.cond(rows <= ELEMENTWISE_MAX_ROWS,

@@ -394,7 +394,7 @@ def pytest_collection_modifyitems(config, items):
     model of their own (an xdist_group, each on one worker) take the longest: they start
     first, so that the short tests fill in beside them instead of leaving a worker idle
     while the last of them runs alone. (Starting every subprocess test first as well was
-    no faster: 19:13 against 16:57-17:40 in docs/runs.md.)"""
+    no faster: 19:13 against 16:57-17:40 in bench/runs.md.)"""
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

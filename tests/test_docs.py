@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO
 
-PAGES = sorted([REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "bench" / "README.md",
+PAGES = sorted([REPO / "README.md", REPO / "CONTRIBUTING.md", *(REPO / "bench").glob("*.md"),
                 *(REPO / "docs").glob("*.md")])
 COMMAND = re.compile(r"python -m trainer\.(\w+(?:\.\w+)*)([^\n`|#]*)")
 FLAG = re.compile(r"(?<![\w-])--(\w+)")
@@ -60,7 +60,7 @@ def anchors(page) -> set:
 def test_the_pages_are_found():
     names = {page.relative_to(REPO).as_posix() for page in PAGES}
     assert {"README.md", "CONTRIBUTING.md", "docs/training.md", "docs/serving.md",
-            "docs/runs.md"} <= names
+            "bench/runs.md"} <= names
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(REPO).as_posix())

@@ -27,7 +27,7 @@ NO_SPACE_STATUS = errno.ENOSPC
 # and softmaxes change shape from step to step (the rows still searching, the length of the
 # keys), one pass over test2016 in batches of 64 makes 1,683 kernels, and at oneDNN's
 # default of 1,024 the cache evicts each before the next batch needs it again: it compiles
-# them again, a tenth of a busy server's time (docs/performance-notes.md, "oneDNN's
+# them again, a tenth of a busy server's time (bench/performance-notes.md, "oneDNN's
 # primitive cache"). Read once, when TensorFlow first runs a oneDNN op.
 ONEDNN_PRIMITIVE_CACHE_CAPACITY = 16384
 

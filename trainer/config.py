@@ -157,7 +157,7 @@ class RunConfig:
         run, which ends at train_steps or at the end of max_train_minutes, whichever comes
         first (trainer/training/cooldown.py); 0: the schedule as it is (the paper's, as the
         WMT recipes keep it). The default, 0.5, is the builtin recipe's: a short run that
-        ends at a small rate gets its last answers right (docs/runs.md).
+        ends at a small rate gets its last answers right (bench/runs.md).
       eval_every, checkpoint_every, keep_checkpoints, log_every: in updates; validation
         also runs at the end, and eval_every 0 never validates.
       decode: the search of validation BLEU and of the export (section 6.1).

@@ -10,7 +10,7 @@ then unused pieces up to 58,100, then <pad>.
 Random weights translate into one token repeated until the length limit, and the two
 engines set that limit differently (CTranslate2 per call, this project per sentence: source
 + 50), so they would decode different outputs of a length no translation has. Raising EOS's
-output bias did not fix it (docs/runs.md, "Pretrained models (OPUS-MT), run by run"): with
+output bias did not fix it (bench/runs.md, "Pretrained models (OPUS-MT), run by run"): with
 beam 4 and length penalty 0, CTranslate2's search stops only when a step's best candidate
 is EOS, which on nearly flat distributions never happens. So the weights are random but
 shaped to end every output after --output_length pieces (15 by default: test2016's German

@@ -70,7 +70,7 @@ MAX_NUMBER = 999_999_999
 # model learns how they compose, where the vocabulary the default rule gives (it asks for
 # 4,413 pieces, of which SentencePiece's BPE makes 1,729, many whole compounds;
 # docs/data.md) leaves each compound to be learned from the few sentences that have it,
-# and a quick model gets several times as many numbers wrong (docs/runs.md).
+# and a quick model gets several times as many numbers wrong (bench/runs.md).
 VOCAB_SIZE = 500
 # The number the README's Quick start translates, and the main job translates at its end:
 # "three hundred and five thousand" -> "dreihundertfünftausend".

@@ -5,7 +5,7 @@ searches, or written as CTranslate2's vocabulary map (vmap.txt, `use_vmap=True`)
 The corpus is two line-aligned text files (gzipped when their names end in .gz), tokenized
 with the model directory's own SentencePiece models. --shortlist_frequent (K) and
 --shortlist_per_source (M) default to the values chosen on Multi30k's val
-(docs/performance-notes.md, "A vocabulary shortlist").
+(bench/performance-notes.md, "A vocabulary shortlist").
 """
 
 import dataclasses

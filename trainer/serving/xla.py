@@ -2,7 +2,7 @@
 serving_default's inputs, outputs and translations, with the search of a small request
 compiled by XLA on fixed shapes (`TransformerStep(fixed_shapes=True)`): a step's hundreds of
 small ops fused. A larger request runs serving_default's search, whose shrinking batch and
-growing cache win there (docs/performance-notes.md has the measurements).
+growing cache win there (bench/performance-notes.md has the measurements).
 
 Each batch size and source width (in pieces, padded to a multiple of WIDTH_MULTIPLE)
 costs one compile, seconds, on its first request; TF Serving runs the signature only with
