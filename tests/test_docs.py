@@ -1,8 +1,9 @@
-"""The documentation cannot rot: every `python -m trainer.<program> --flag` in README.md and
-docs/*.md is a flag that program defines, every relative link resolves to a file (and
-its #anchor to a heading of that file), and every script a page names exists. And it speaks
-to a reader, not to the team: no issue numbers, no counts of work periods ("two sessions
-ago"), no team names for benchmarks in the user's pages, no paths outside the checkout."""
+"""The documentation cannot rot: every `python -m trainer.<program> --flag` in the pages
+(README.md, CONTRIBUTING.md, CHANGELOG.md, docs/*.md, bench/*.md) is a flag that program
+defines, every relative link resolves to a file (and its #anchor to a heading of that file),
+and every script a page names exists. And the pages speak to a reader, not to the team: no
+issue numbers, no counts of work periods ("two sessions ago"), no team names for benchmarks
+in the user's pages, no paths outside the checkout."""
 
 import functools
 import re
@@ -13,8 +14,8 @@ import pytest
 
 from conftest import REPO
 
-PAGES = sorted([REPO / "README.md", REPO / "CONTRIBUTING.md", *(REPO / "bench").glob("*.md"),
-                *(REPO / "docs").glob("*.md")])
+PAGES = sorted([REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "CHANGELOG.md",
+                *(REPO / "bench").glob("*.md"), *(REPO / "docs").glob("*.md")])
 COMMAND = re.compile(r"python -m trainer\.(\w+(?:\.\w+)*)([^\n`|#]*)")
 FLAG = re.compile(r"(?<![\w-])--(\w+)")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -82,8 +83,8 @@ def anchors(page) -> set:
 
 def test_the_pages_are_found():
     names = {page.relative_to(REPO).as_posix() for page in PAGES}
-    assert {"README.md", "CONTRIBUTING.md", "docs/training.md", "docs/serving.md",
-            "bench/runs.md"} <= names
+    assert {"README.md", "CONTRIBUTING.md", "CHANGELOG.md", "docs/training.md",
+            "docs/serving.md", "bench/runs.md"} <= names
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(REPO).as_posix())
