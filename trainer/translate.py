@@ -11,7 +11,8 @@ Decoding options go through the export's signatures:
   - --beam_size, --alpha, --stopping, --patience, --num_hypotheses,
     --max_extra_length, --prefix_file: `translate_with_options`, unset ones at the
     export's values (its export.json);
-  - --temperature, --sample_topk, --sample_topp (with --seed): `sample`.
+  - --temperature, --sample_topk, --sample_topp (with --seed): `sample`; --seed
+    without one of them is refused, since no other signature samples.
 --num_hypotheses=k prints k lines per input line, best first. --prefix_file holds one
 target prefix per input line (an empty line: none): each translation starts with it.
 """
@@ -49,8 +50,8 @@ flags.DEFINE_float("temperature", None, "Sample at this temperature (0: greedy; 
                    "when sampling).")
 flags.DEFINE_integer("sample_topk", None, "Sample among the k most probable tokens (0: all).")
 flags.DEFINE_float("sample_topp", None, "Sample within the top-p nucleus, 0 < p <= 1 (1: all).")
-flags.DEFINE_integer("seed", 0, "Seed of sampling: the same seed and input give the same "
-                     "samples.")
+flags.DEFINE_integer("seed", 0, "Seed of sampling (with --temperature, --sample_topk or "
+                     "--sample_topp): the same seed and input give the same samples.")
 
 BEAM_FLAGS = ("beam_size", "alpha", "stopping", "patience")
 SAMPLING_FLAGS = ("temperature", "sample_topk", "sample_topp")
@@ -100,6 +101,9 @@ def main(argv):
         cli.fail("--saved_model is required")
     if FLAGS.batch_size < 1:
         cli.fail("--batch_size must be at least 1")
+    if FLAGS["seed"].present and all(FLAGS[name].value is None for name in SAMPLING_FLAGS):
+        cli.fail("--seed seeds sampling: give it with --temperature, --sample_topk or "
+                 "--sample_topp")
     import tensorflow as tf
     from keras_transformer import DecodeConfig
     from trainer.serving import client, saved_model
