@@ -296,6 +296,7 @@ def parse_args(argv):
     ct2.add_argument("--worker", help=argparse.SUPPRESS)  # engine:precision:threads
     ct2.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ct2.add_argument("--ctranslate2_search", help=argparse.SUPPRESS)  # ctranslate2_search's
+    common.add_results_flag(parser, None)
     parser.add_argument("--rules", action="store_true", help="each stopping rule's cost on "
                         "the float32 export: sentences/s, sacreBLEU, row-steps and steps per "
                         "sentence")
@@ -353,6 +354,28 @@ def main(argv=None):
     print_header(args, export, texts, loads, race)
     for report in reports:
         report()
+    setting = f"{len(texts)} sentences of {common.in_repository(args.src)}, batches of {args.batch_size}"
+    if args.ctranslate2:
+        setting += "; " + ctranslate2_race.rules_line(export)
+    common.write_results("decoding", results_name(args, export), setting,
+                         packages=["ctranslate2", "keras-hub", "sacrebleu", "sentencepiece"])
+
+
+def results_name(args, export) -> str:
+    """The setting part of the results file's name: --results, or what the run compared."""
+    if args.results is not None:
+        return args.results
+    parts = []
+    if args.ctranslate2:
+        equal = ctranslate2_race.rules_line(export).startswith("equal")
+        parts.append("equal-rules-2inflight" if equal else "unequal-rules")
+        if args.vmap:
+            parts.append("shortlist")
+    if args.peers:
+        parts.append("keras-hub")
+    if args.rules:
+        parts.append("search-rules")
+    return "-".join(parts) or "serving-default"
 
 
 def print_header(args, export, texts, loads, race):

@@ -272,7 +272,7 @@ def print_turns_tables(args, sentences: int, seconds, requests):
          in enumerate(zip(seconds, ratios), 1)]
         + [["median", "", "", f"{statistics.median(ratios):.3f}x"]],
         title=f"**serving_default on all {sentences} sentences in batches of "
-              f"{args.batch_size}, the two exports taking turns batch by batch**")
+              f"{args.batch_size}, the two exports measured in alternation batch by batch**")
     # Each sentence's best and median over the rounds, summed over the sentences.
     per_request = [list(zip(*(round_[j] for round_ in requests))) for j in range(2)]
     best, median = ([sum(map(statistic, times)) for times in per_request]
@@ -282,7 +282,7 @@ def print_turns_tables(args, sentences: int, seconds, requests):
         [[name, f"{this * 1e3:.0f}", f"{compare * 1e3:.0f}", f"{this / compare:.3f}x"]
          for name, (this, compare) in (("best", best), ("median", median))],
         title=f"**serving_default on the first {args.one_at_a_time} sentences one request "
-              f"at a time, the two exports taking turns request by request, {len(requests)} "
+              f"at a time, the two exports measured in alternation request by request, {len(requests)} "
               "rounds**")
 
 
@@ -348,7 +348,11 @@ def parse_args(argv):
                           "sentence leaves to the machine's drift)")
     decoding.add_argument("--threads", type=int, default=0, help="TensorFlow's intra- and "
                           "inter-op threads (0: one per core)")
+    common.add_results_flag(parser, None)
     args = parser.parse_args(argv)
+    if args.results is None:  # the default: what is profiled
+        args.results = (f"decoding-{args.threads or 'default'}-threads" if args.decoding
+                        else "training")
     if args.decoding and not args.saved_model:
         parser.error("--decoding needs --saved_model")
     if args.rounds < 2 or args.rounds % 2:
@@ -363,8 +367,13 @@ def main(argv=None):
     args = parse_args(argv)
     if args.training:
         profile_training(args)
+        setting = (f"a training update's pieces, batch {args.batch} x {args.length}, "
+                   f"{args.precisions}")
     else:
         profile_decoding(args)
+        setting = (f"serving_default of {args.saved_model}, batches of {args.batch_size}, "
+                   f"{args.threads or 'default'} threads")
+    common.write_results("profiling", args.results, common.in_repository(setting))
 
 
 if __name__ == "__main__":

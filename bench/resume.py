@@ -322,7 +322,14 @@ def main(argv=None):
     parser.add_argument("--checkpoint_pairs", type=int, default=1_000_000)
     parser.add_argument("--checkpoint_steps", default="20,40,60")
     parser.add_argument("--skip_checkpoint", action="store_true")
+    common.add_results_flag(parser, None)
     args = parser.parse_args(argv)
+    parts = [name for name, skip in (("checkpoints", args.skip_checkpoint),
+                                     ("resume", args.skip_resume),
+                                     ("startup", args.skip_startup),
+                                     ("preemption", args.skip_preempt)) if not skip]
+    if args.results is None:  # the default: what this run measures
+        args.results = "-".join(parts)
     common.print_header([("machine", common.describe()), ("command", common.command())])
     with tempfile.TemporaryDirectory() as directory:
         if not args.skip_checkpoint:
@@ -339,6 +346,9 @@ def main(argv=None):
         if not args.skip_preempt:
             print_preemption_table(measure_preemption(
                 Path(directory), [int(s) for s in args.preempt_after.split(",")]))
+    common.write_results("resume", args.results,
+                         "python -m trainer.task with the Multi30k recipe's flags: "
+                         + ", ".join(parts))
 
 
 if __name__ == "__main__":

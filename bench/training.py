@@ -281,7 +281,7 @@ def print_peers_report(args, rows: List[Row], peaks: Peaks, config, pool, probe,
                  + f"; {sum(b.real_tokens for b in pool):,} real / "
                    f"{sum(b.padded_tokens for b in pool):,} padded src+tgt tokens per pass"),
         ("timing", f"1 untimed pass, then {args.passes} timed passes per implementation, "
-                   "taking turns update by update; loss: first update -> mean of the last "
+                   "in alternation update by update; loss: first update -> mean of the last "
                    "pass"),
     ])
     peers_table(rows)
@@ -361,6 +361,7 @@ def parse_args(argv):
     peers.add_argument("--passes", type=int, default=3, help="timed passes over the pool")
     peers.add_argument("--implementations", default=",".join(IMPLEMENTATIONS))
     peers.add_argument("--peer_dropout", choices=("paper", "native"), default="paper")
+    common.add_results_flag(parser, None)
     args = parser.parse_args(argv)
     if args.breakdown_reps is None:
         args.breakdown_reps = 3 if args.peers else 5
@@ -380,12 +381,19 @@ def main(argv=None):
     if args.peers:
         peaks, loads = peer_peaks(args), [os.getloadavg()[0]]
         rows, config, pool, probe = measure_peers(args, peaks, loads)
-        return print_peers_report(args, rows, peaks, config, pool, probe, loads)
+        print_peers_report(args, rows, peaks, config, pool, probe, loads)
+        return common.write_results(
+            "training", "peers" if args.results is None else args.results,
+            "the same Multi30k batches for every implementation, measured in alternation "
+            "update by update", packages=["torch", "keras-hub"])
     jit_modes = {"false": [False], "true": [True], "both": [False, True]}[args.jit_compile]
     load_before = common.load_average()
     results, peaks, data, model_config, auto = measure_pipeline(args, args.precisions,
                                                                 jit_modes)
     print_pipeline_report(args, results, peaks, data, model_config, load_before, auto)
+    common.write_results("training", "pipeline" if args.results is None else args.results,
+                         "the Multi30k recipe's model, timed updates fed by the input "
+                         f"pipeline: {', '.join(args.precisions)}")
 
 
 if __name__ == "__main__":
