@@ -266,7 +266,7 @@ def print_tables(args, race: Race):
          "sacreBLEU", "chrF", "output pieces / sentence", "outputs = our float32's", *env],
         rows, text_columns=3,
         title=f"Throughput (2 cores, best of {args.repeats}, text in and out) and quality:")
-    print(best_row(args, results) + "\n")
+    common.print_summary(best_row(args, results))
     common.print_table(
         ["system", "precision", "threads", "file order", "sorted by length"],
         [[name, precision, threads, "{:.1f} / {:.1f}".format(*r["latency"]),
@@ -274,7 +274,7 @@ def print_tables(args, race: Race):
          for (name, precision, threads, _), r in results.items() if "latency" in r],
         text_columns=2, title="Single-sentence latency, p50 / p95 ms over the first "
         f"{args.latency_sentences} sentences, one request at a time:")
-    print(best_latency(race) + "\n")
+    common.print_summary(best_latency(race))
     if turns["latency"]:
         common.print_table(
             ["SavedModel", "threads", "CTranslate2 float32 threads", "SavedModel p50 / p95",
@@ -285,7 +285,8 @@ def print_tables(args, race: Race):
              in turns["latency"].items()],
             title="The same, our fastest setup for one sentence as the rows above measured "
                   f"it ({race.fastest.describe_latency()}) and CTranslate2 float32 at its "
-                  "fastest thread count taking turns request by request (file order, "
+                  "fastest thread count measured in alternation request by request (file "
+                  "order, "
                   f"{args.turn_pause * 1e3:.0f} ms between requests):")
     if turns["throughput"]:
         print_throughput_turns(args, race.fastest, turns["throughput"])
@@ -309,8 +310,8 @@ def print_throughput_turns(args, fastest: Fastest, rates: dict):
     common.print_table(
         ["system", "sentences/s (median)", "ours / it (geometric mean)", "rounds' range"],
         rows, text_columns=1,
-        title=f"Throughput taking turns: our fastest setup as the throughput rows measured "
-              f"it ({fastest.describe_throughput()}) and CTranslate2 "
+        title=f"Throughput measured in alternation: our fastest setup as the throughput "
+              f"rows measured it ({fastest.describe_throughput()}) and CTranslate2 "
               f"({setup_label('CTranslate2', LATENCY_THREADS[0], 1)}), all loaded at once, "
               f"one pass each over the sentences sorted by length per round, "
               f"{len(our_rates)} rounds, the first to go rotating, "
