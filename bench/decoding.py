@@ -354,7 +354,8 @@ def main(argv=None):
     print_header(args, export, texts, loads, race)
     for report in reports:
         report()
-    setting = f"{len(texts)} sentences of {common.in_repository(args.src)}, batches of {args.batch_size}"
+    setting = (f"{len(texts)} sentences of {common.in_repository(args.src)}, batches of "
+               f"{args.batch_size}")
     if args.ctranslate2:
         setting += "; " + ctranslate2_race.rules_line(export)
     common.write_results("decoding", results_name(args, export), setting,

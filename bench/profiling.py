@@ -282,8 +282,8 @@ def print_turns_tables(args, sentences: int, seconds, requests):
         [[name, f"{this * 1e3:.0f}", f"{compare * 1e3:.0f}", f"{this / compare:.3f}x"]
          for name, (this, compare) in (("best", best), ("median", median))],
         title=f"**serving_default on the first {args.one_at_a_time} sentences one request "
-              f"at a time, the two exports measured in alternation request by request, {len(requests)} "
-              "rounds**")
+              f"at a time, the two exports measured in alternation request by request, "
+              f"{len(requests)} rounds**")
 
 
 def profile_decoding(args):
