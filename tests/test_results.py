@@ -7,8 +7,8 @@ rounded as printed, in a results file of the same host kind and setting:
   it, `<!-- results: bench/results/NAME.json -->`; each row of the table is a row of one of
   their tables: every figure of the doc's row (the numbers of its right-aligned columns, and
   any number with a unit in its other columns) is a number of that row, rounded as printed.
-  The section the table sits in names the file's host kind: its last "Host:" line before the
-  table, or its heading and text up to the table if it has none;
+  The section the table sits in names the file's host kind: its last paragraph with a "Host:"
+  before the table (from "Host:" on), or its heading and text up to the table if none has;
 - each row of the README's Results table links its results file (`bench/results/NAME.json`),
   names the file's host kind, and links the section of docs/performance.md (or another page)
   whose tables it comes from; every number of its figure cell is a number of that file.
@@ -18,6 +18,7 @@ without its doc (the tests at the end show both on doctored copies). Reads JSON 
 markdown only: no TensorFlow.
 """
 
+import importlib.util
 import json
 import re
 from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
@@ -30,16 +31,12 @@ RESULTS = REPO / "bench" / "results"
 README = REPO / "README.md"
 PERFORMANCE = REPO / "docs" / "performance.md"
 
+# bench/common.py, the benchmarks' writer of results files (it imports no TensorFlow at import).
+_spec = importlib.util.spec_from_file_location("bench_common", REPO / "bench" / "common.py")
+bench_common = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_common)
 # The host kinds a results file may name, and the part of its file name that says which.
-HOST_SLUGS = {
-    "Intel Xeon, AMX": "xeon-amx",
-    "Intel Xeon, AVX-512 BF16, no AMX": "xeon-avx512bf16-noamx",
-    "Intel Xeon, AVX-512, no BF16": "xeon-avx512-nobf16",
-    "Intel Xeon, AVX2 only": "xeon-avx2",
-    "AMD EPYC, AVX-512 BF16": "epyc-avx512",
-    "AMD EPYC, AVX-512, no BF16": "epyc-avx512-nobf16",
-    "AMD EPYC, AVX2 only": "epyc-avx2",
-}
+HOST_SLUGS = bench_common.HOST_SLUGS
 KEYS = ("benchmark", "setting", "host_kind", "host", "versions", "command", "commit", "date",
         "source", "tables")
 UNITS = r"x|%|ms|s|MB|GB|GiB|sentences/s|tokens/s|updates/s|GFLOP/s|BLEU|minutes|min"
@@ -164,8 +161,9 @@ def check_tables(text: str, read=load):
             problems.append(f"{where} names no results file (<!-- results: ... --> above it)")
             continue
         results = [read(path) for path in table["results"]]
-        hosts = [line for line in table["context"].splitlines() if "Host:" in line]
-        context = hosts[-1] if hosts else table["context"]
+        paragraphs = re.split(r"\n\s*\n", table["context"])
+        hosts = [p[p.index("Host:"):] for p in paragraphs if "Host:" in p]
+        context = " ".join((hosts[-1] if hosts else table["context"]).split())
         for result, path in zip(results, table["results"]):
             if result["host_kind"] not in context:
                 problems.append(f"{where}: its section does not name {path}'s host kind "
@@ -299,7 +297,8 @@ README_PAGE = """# R
 
 | claim | figure | page |
 |---|---|---|
-| decoding sentences/s against the other | 1.54x (Intel Xeon, AMX) | [table](docs/performance.md#a-section), [data](bench/results/demo-xeon-amx-setting.json) |
+| decoding sentences/s against the other | 1.54x (Intel Xeon, AMX) | \
+[table](docs/performance.md#a-section), [data](bench/results/demo-xeon-amx-setting.json) |
 """
 
 
@@ -358,3 +357,53 @@ def test_the_real_pages_fail_when_a_figure_changes():
     lines = readme.splitlines()
     lines[r_line - 1] = lines[r_line - 1].replace(figure.text, bumped, 1)
     assert check_readme("\n".join(lines), performance) != []
+
+
+# ---------------------------------------------------------------- the writer
+
+
+def test_the_host_kind_is_named_by_what_its_matmuls_can_use():
+    kind = bench_common.host_kind
+    assert kind("Intel(R) Xeon(R) Platinum 8481C", ["avx512_bf16", "amx_bf16"]) == "Intel Xeon, AMX"
+    assert kind("Intel(R) Xeon(R) Platinum 8581C", ["avx512f", "avx512_bf16"]) == \
+        "Intel Xeon, AVX-512 BF16, no AMX"
+    assert kind("Intel(R) Xeon(R) Platinum 8375C", ["avx2", "avx512f"]) == \
+        "Intel Xeon, AVX-512, no BF16"
+    assert kind("AMD EPYC 9B14", ["avx2", "avx512f", "avx512_bf16"]) == "AMD EPYC, AVX-512 BF16"
+    assert kind("AMD EPYC 7B12", ["avx2", "fma"]) == "AMD EPYC, AVX2 only"
+    flag_sets = [["amx_bf16"], ["avx512_bf16"], ["avx512f"], ["avx2"]]
+    assert all(kind(vendor, flags) in HOST_SLUGS for vendor in ("Intel Xeon", "AMD EPYC")
+               for flags in flag_sets if not (vendor == "AMD EPYC" and "amx_bf16" in flags))
+
+
+def test_a_benchmark_writes_what_it_printed(tmp_path, capsys, monkeypatch):
+    """write_results: the tables print_table printed and the summary lines, with the host,
+    versions, command and commit, under a name of the host kind and setting; the file
+    passes the checks above."""
+    monkeypatch.setattr(bench_common, "_PRINTED", [])
+    monkeypatch.setattr(bench_common, "_HEADER", {})
+    monkeypatch.setattr(bench_common, "cpu_info",
+                        lambda: ("AMD EPYC 9B14", ["avx2", "avx512_bf16"]))
+    monkeypatch.setattr(bench_common.sys, "argv", ["bench/decoding.py", f"--src={REPO}/x.en"])
+    bench_common.print_header([("machine", "2 cores"), ("data", f"{REPO.parent}/shared/x")])
+    bench_common.print_table(["system", "sentences/s"], [["ours", "448.9"], ["theirs", "290.7"]],
+                             title="Throughput:")
+    bench_common.print_summary("Each at its best: ours 448.9 sentences/s; 1.54x CTranslate2.")
+    path = bench_common.write_results("decoding", "equal-rules-2inflight", "a setting",
+                                      directory=tmp_path)
+    assert path.name == "decoding-epyc-avx512-equal-rules-2inflight.json"
+    assert "results: " in capsys.readouterr().out
+    result = json.loads(path.read_text(encoding="utf-8"))
+    assert [k for k in KEYS if k not in result] == []
+    assert result["host_kind"] == "AMD EPYC, AVX-512 BF16" and result["setting"] == "a setting"
+    assert result["command"] == "python bench/decoding.py --src=x.en"
+    assert result["header"] == {"machine": "2 cores", "data": "../shared/x"}
+    assert [t["title"] for t in result["tables"]] == ["Throughput", "summary lines"]
+    assert result["tables"][0]["rows"] == [["ours", "448.9"], ["theirs", "290.7"]]
+    assert "python" in result["versions"]
+    page = PAGE.replace("demo-xeon-amx-setting", path.stem).replace("Intel Xeon, AMX",
+                                                                   "AMD EPYC, AVX-512 BF16")
+    read = lambda name: json.loads((tmp_path / Path(name).name).read_text(encoding="utf-8"))
+    assert check_tables(page.replace("| other | 290.7 | 1.00x |", "| other | 290.7 |  |"),
+                        read) == []
+    assert bench_common.write_results("decoding", "", "none", directory=tmp_path) is None
