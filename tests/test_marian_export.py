@@ -30,8 +30,8 @@ from trainer.serving import marian as marian_export
 pytestmark = pytest.mark.slow
 
 FIXTURES = Path(__file__).parent / "fixtures" / "marian"
-FILES = ["config.json", "generation_config.json", "model.safetensors", "source.spm",
-         "target.spm", "tokenizer_config.json", "vocab.json"]
+FILES = ["README.md", "config.json", "generation_config.json", "model.safetensors",
+         "source.spm", "target.spm", "tokenizer_config.json", "vocab.json"]
 # Inputs of the builtin corpus's kind, as the trained models saw them.
 NUMBERS = [7, 21, 305, 4096, 70013, 918273, 12, 600, 55555, 100]
 
@@ -149,6 +149,32 @@ def test_a_trained_model_exported_and_converted_back_computes_its_logits(
     for row, target in enumerate(targets):
         np.testing.assert_allclose(again[row, :len(target) + 1, 1:],
                                    ours[row, :len(target) + 1, 1:], atol=1e-4, rtol=0)
+
+
+def test_the_checkpoint_carries_a_model_card_for_the_hub(exported, marian_exports, tmp_path):
+    """README.md, as the Hub reads it: front matter with the languages given and
+    `pipeline_tag: translation`, then the model and how to load it; without the languages,
+    none listed and one line saying how to give them."""
+    out = tmp_path / "numbers-en-de"
+    result = succeeded(program("export", "--format=marian", f"--model_dir={exported.model_dir}",
+                               f"--export_dir={out}", "--source_lang=en", "--target_lang=de"))
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert card.startswith("---\n")
+    front, body = card[len("---\n"):].split("\n---\n", 1)
+    assert front.splitlines()[:3] == ["language:", "- en", "- de"]
+    assert "pipeline_tag: translation" in front.splitlines()
+    assert "- translation" in front.splitlines() and "library_name: transformers" in front
+    assert body.lstrip().startswith("# numbers-en-de\n") and "from en to de" in body
+    assert 'MarianMTModel.from_pretrained("numbers-en-de")' in body
+    settings = json.loads((out / "generation_config.json").read_text())
+    assert f"beam {settings['num_beams']}," in body
+    assert f"at most {settings['max_length']} positions" in body
+    assert "names no languages" not in result.stderr
+    unnamed, _, notes = marian_exports("shared")
+    card = (unnamed / "README.md").read_text(encoding="utf-8")
+    assert "language:" not in card and "\npipeline_tag: translation\n" in card
+    assert any(line.startswith("the model card (README.md) names no languages: give "
+                               "--source_lang and --target_lang") for line in notes)
 
 
 @pytest.mark.parametrize("kind", ["shared", "separate"])

@@ -1,14 +1,16 @@
 """python -m trainer.export --model_dir=DIR [--format=saved_model|ctranslate2|marian]
 [--export_dir=DIR] [--export_weights=last|average|ema|best] [--average_last=N]
 [--serving_dtype=float32|bfloat16|int8|int8_bfloat16|auto [--calibration=FILE]] [--xla]
-[--shortlist=SRC,TGT] [--quantization=int8|...]: write a model directory's model for serving.
+[--shortlist=SRC,TGT] [--quantization=int8|...] [--source_lang=en --target_lang=de]:
+write a model directory's model for serving.
 
 --format=saved_model (the default) writes the next SavedModel version, for TF Serving or
 any TensorFlow program with tensorflow_text (layout and signatures:
 trainer/serving/saved_model.py). --format=ctranslate2 writes a CTranslate2 model directory
 (trainer/serving/ctranslate2.py; needs `pip install -e ".[ctranslate2]"`).
 --format=marian writes a Hugging Face Marian checkpoint that Transformers loads
-(trainer/serving/marian.py), to publish on the Hub as OPUS-MT models are.
+(trainer/serving/marian.py), with a model card (README.md) naming --source_lang and
+--target_lang, to publish on the Hub as OPUS-MT models are.
 
 --serving_dtype says what a SavedModel computes in. Which dtype is fastest depends on the
 CPU, so --serving_dtype=auto --calibration=FILE builds each, times it on this machine as a
@@ -97,6 +99,9 @@ flags.DEFINE_integer("shortlist_frequent", ShortlistChoice.shortlist_frequent,
 flags.DEFINE_integer("shortlist_per_source", ShortlistChoice.shortlist_per_source,
                      "The target pieces a shortlist lists for each source piece, those that "
                      "co-occur with it in most sentence pairs (M).")
+flags.DEFINE_string("source_lang", None, "Marian: the source language's code (en, de, ...), "
+                    "which the model card (README.md) lists for the Hugging Face Hub.")
+flags.DEFINE_string("target_lang", None, "Marian: the target language's code.")
 flags.DEFINE_string("quantization", "int8", "CTranslate2: the weights' type (int8, "
                     "int8_float32, int16, float32, bfloat16, int8_bfloat16).")
 

@@ -7,7 +7,9 @@ are.
 Files: config.json (MarianConfig), generation_config.json (the model directory's search as
 far as `generate()` can run it), model.safetensors (float32), source.spm and target.spm
 (the SentencePiece models), vocab.json (and target_vocab.json for separate
-vocabularies) and tokenizer_config.json.
+vocabularies), tokenizer_config.json, and README.md, the model card the Hugging Face Hub
+shows: its front matter names the languages (`--source_lang`, `--target_lang`) and
+`pipeline_tag: translation`, its text the architecture, the search and how to load it.
 
 What maps to what is the conversion's map read backwards (trainer/formats/marian.py's
 `layer_tensors`), plus:
@@ -45,6 +47,7 @@ from trainer.model_dir import files, layout
 from trainer.model_dir.weights import WeightsChoice, final_model
 
 DESCRIPTION = "Hugging Face Marian checkpoint"
+MODEL_CARD = "README.md"  # what the Hugging Face Hub shows of a model, front matter first
 MARIAN_EPSILON = 1e-5  # nn.LayerNorm's default, which MarianMTModel's layers keep
 # How far Transformers' log-prob of a token moves when Marian's epsilon replaces
 # TransformerConfig's 1e-6: 1.1e-6 on average on the main job's model (docs/pretrained.md,
@@ -59,10 +62,14 @@ class Options:
     Attributes:
       weights: which weights the checkpoint holds.
       decode: the search generation_config.json describes; None: the model directory's.
+      source_lang, target_lang: language codes (en, de, ...) that the model card's front
+        matter lists for the Hub; None: it lists none, and a line says so.
     """
 
     weights: WeightsChoice = dataclasses.field(default_factory=WeightsChoice)
     decode: Optional[DecodeConfig] = None
+    source_lang: Optional[str] = None
+    target_lang: Optional[str] = None
 
 
 def default_dir(name: str, options: Options) -> str:
@@ -86,9 +93,16 @@ def export(model_dir: str, export_dir: str, options: Options = Options()) -> str
     model, _ = final_model(model_dir, options.weights)
     tokenizers = vocabulary.load_or_train(model_dir, None)
     decode = options.decode or layout.load_decode(model_dir)
+    languages = (options.source_lang, options.target_lang)
     with files.staged_directory(os.path.dirname(os.path.abspath(export_dir))) as staging:
         write(model, tokenizers, decode, staging.path)
+        with open(os.path.join(staging.path, MODEL_CARD), "w", encoding="utf-8") as f:
+            f.write(model_card(os.path.basename(os.path.abspath(export_dir).rstrip("/")),
+                               config, decode, languages, tokenizers.normalize_punctuation))
         staging.publish(os.path.abspath(export_dir).rstrip("/"), replace=True)
+    if not all(languages):
+        print(f"the model card ({MODEL_CARD}) names no languages: give --source_lang and "
+              "--target_lang for the Hub's language tags", file=sys.stderr, flush=True)
     for note in notes(config, decode, tokenizers.normalize_punctuation):
         print(note, file=sys.stderr, flush=True)
     return export_dir
@@ -178,6 +192,43 @@ def write(model, tokenizers, decode: DecodeConfig, directory: str):
         "tokenizer_class": "MarianTokenizer", "separate_vocabs": not shared,
         "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
         "model_max_length": config.max_length, "sp_model_kwargs": {}})
+
+
+def model_card(name: str, config: TransformerConfig, decode: DecodeConfig,
+               languages=(None, None), normalize_punctuation: Optional[str] = None) -> str:
+    """README.md of the checkpoint `name`: the Hub's front matter (the languages given,
+    `pipeline_tag: translation`) and what the model is and how to load it."""
+    source, target = languages
+    front = ["---"]
+    if source and target:
+        front += ["language:", *(f"- {code}" for code in dict.fromkeys((source, target)))]
+    front += ["library_name: transformers", "pipeline_tag: translation", "tags:",
+              "- translation", "- marian", "---"]
+    direction = f"from {source} to {target}" if source and target else "between two languages"
+    layers = (f"{config.encoder_layers} layers" if config.encoder_layers == config.decoder_layers
+              else f"{config.encoder_layers} encoder and {config.decoder_layers} decoder layers")
+    vocabulary_ = ("a shared SentencePiece vocabulary" if config.share_embeddings
+                   else "a source and a target SentencePiece vocabulary")
+    lines = front + [
+        "", f"# {name}", "",
+        f"A Transformer that translates {direction}, trained with keras-transformer and "
+        "written by `python -m trainer.export --format=marian` as a Marian checkpoint, which "
+        "Transformers' `MarianMTModel` and `MarianTokenizer` load.", "",
+        f"- {layers}, d_model {config.d_model}, {config.num_heads} heads, feed-forward "
+        f"{config.d_ff} ({config.activation}); {vocabulary_} of {config.vocab_size - 1} pieces",
+        f"- generation_config.json: beam {decode.beam_size}, length penalty "
+        f"{decode.alpha:g}, at most {decode.max_length or config.max_length} positions"]
+    if normalize_punctuation:
+        lines.append(f"- trained on text normalized by Moses' punctuation rules for "
+                     f"{normalize_punctuation!r}, which MarianTokenizer does not apply: "
+                     f"normalize inputs first (sacremoses.MosesPunctNormalizer)")
+    lines += ["", "```python", "from transformers import MarianMTModel, MarianTokenizer", "",
+              f'tokenizer = MarianTokenizer.from_pretrained("{name}")  # or its Hub name',
+              f'model = MarianMTModel.from_pretrained("{name}")',
+              'batch = tokenizer(["..."], return_tensors="pt", padding=True)',
+              "print(tokenizer.batch_decode(model.generate(**batch), "
+              "skip_special_tokens=True))", "```", ""]
+    return "\n".join(lines)
 
 
 def marian_order(rows: int, pad_last: bool) -> List[int]:
