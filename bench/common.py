@@ -3,9 +3,7 @@ markdown table it prints, timing and profiling, the matmul peak and model FLOPs 
 Multi30k, the export under test (what it was exported with, its signatures) and timing its
 translations.
 
-Each script's tables also go to a results file, bench/results/<script>-<host kind>-<setting>.json
-(`write_results`): the host, the versions, the command, the commit and the rows of every table
-it printed, the home of the figures the docs quote (tests/test_results.py checks them).
+Every table and summary line printed is kept for bench/results_file.py.
 
 Imported by every script in bench/ (`python bench/<name>.py` puts bench/ on sys.path; the
 sweeps in bench/sweeps/ add it). Not part of the package, and not run. TensorFlow is
@@ -40,9 +38,7 @@ import importlib
 import json
 import os
 import platform
-import re
 import shlex
-import subprocess
 import statistics
 import sys
 import tempfile
@@ -55,18 +51,6 @@ REPO = BENCH.parent
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 MATMUL_SIZE = 2048
 MATMUL_CHAIN = 4  # matmuls per timed call, so dispatch does not count
-RESULTS = BENCH / "results"
-# The host kinds a results file names, by what a host's matmuls can use, and the part of
-# the file's name that says which (tests/test_results.py reads this table).
-HOST_SLUGS = {
-    "Intel Xeon, AMX": "xeon-amx",
-    "Intel Xeon, AVX-512 BF16, no AMX": "xeon-avx512bf16-noamx",
-    "Intel Xeon, AVX-512, no BF16": "xeon-avx512-nobf16",
-    "Intel Xeon, AVX2 only": "xeon-avx2",
-    "AMD EPYC, AVX-512 BF16": "epyc-avx512",
-    "AMD EPYC, AVX-512, no BF16": "epyc-avx512-nobf16",
-    "AMD EPYC, AVX2 only": "epyc-avx2",
-}
 _FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx_vnni", "avx512_vnni",
           "amx_tile", "amx_bf16", "amx_int8")
 
@@ -87,23 +71,6 @@ def cpu_info() -> Tuple[str, List[str]]:
     except OSError:
         pass
     return model, [flag for flag in _FLAGS if flag in flags]
-
-
-def host_kind(model: Optional[str] = None, flags: Optional[Sequence[str]] = None) -> str:
-    """This host's kind (a key of HOST_SLUGS), from its CPU's model name and flags (by
-    default this machine's): the vendor, then the matmul units it has."""
-    if model is None:
-        model, flags = cpu_info()
-    flags = set(flags or ())
-    vendor = ("AMD EPYC" if "AMD" in model else "Intel Xeon" if "Intel" in model
-              else model.strip() or "unknown CPU")
-    if "amx_bf16" in flags:
-        return f"{vendor}, AMX"
-    if "avx512_bf16" in flags:
-        return f"{vendor}, AVX-512 BF16" + (", no AMX" if vendor == "Intel Xeon" else "")
-    if "avx512f" in flags:
-        return f"{vendor}, AVX-512, no BF16"
-    return f"{vendor}, AVX2 only" if "avx2" in flags else vendor
 
 
 def describe() -> str:
@@ -139,14 +106,14 @@ def versions(*extra: str) -> str:
 
 
 # The lines above this run's tables (print_header), kept for write_results.
-_HEADER: Dict[str, str] = {}
+HEADER: Dict[str, str] = {}
 
 
 def print_header(rows: Sequence[Tuple[str, object]]):
     """The lines above a report's tables, `name: value`, names right-aligned; rows whose
     value is None or "" are left out."""
     rows = [(name, value) for name, value in rows if value not in (None, "")]
-    _HEADER.update((name, in_repository(str(value))) for name, value in rows)
+    HEADER.update((name, in_repository(str(value))) for name, value in rows)
     width = max(len(name) for name, _ in rows)
     print()
     for name, value in rows:
@@ -155,7 +122,7 @@ def print_header(rows: Sequence[Tuple[str, object]]):
 
 
 # Every table and summary line this run printed, in order: what write_results writes.
-_PRINTED: List[dict] = []
+PRINTED: List[dict] = []
 
 
 def print_table(header: Sequence[str], rows: Sequence[Sequence[object]],
@@ -163,7 +130,7 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[object]],
     """A markdown table, `title` above it: its text columns (the first `text_columns`, or
     those indices) left-aligned, the others (the figures) right-aligned; cells are printed
     as given (format them before). The table is kept for write_results."""
-    _PRINTED.append({"title": (title or "").replace("**", "").rstrip(":"),
+    PRINTED.append({"title": (title or "").replace("**", "").rstrip(":"),
                      "header": [str(h) for h in header],
                      "rows": [[str(cell).replace("**", "") for cell in row] for row in rows]})
     if isinstance(text_columns, int):
@@ -181,110 +148,18 @@ def print_summary(line: str):
     """A summary line under a table (e.g. each engine at its best), kept for write_results
     as a one-cell row of the run's "summary lines" table."""
     print(line + "\n")
-    if not _PRINTED or _PRINTED[-1]["title"] != SUMMARY:
-        _PRINTED.append({"title": SUMMARY, "header": ["line"], "rows": []})
-    _PRINTED[-1]["rows"].append([line])
+    if not PRINTED or PRINTED[-1]["title"] != SUMMARY:
+        PRINTED.append({"title": SUMMARY, "header": ["line"], "rows": []})
+    PRINTED[-1]["rows"].append([line])
 
 
 SUMMARY = "summary lines"
-
-
-# ---------------------------------------------------------------- results files
-
-
-def package_versions(*names: str) -> Dict[str, str]:
-    """Python's version and the installed versions of TensorFlow, tensorflow-text, Keras and
-    `names` (those installed), read from the packages' metadata without importing them."""
-    from importlib import metadata
-    found = {"python": platform.python_version()}
-    for name in ("tensorflow", "tensorflow-text", "keras", *names):
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return found
-
-
-def git_commit() -> Tuple[str, bool]:
-    """(the checkout's commit, whether tracked files differ from it); ("unknown", False)
-    outside a git checkout."""
-    def git(*args):
-        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True,
-                              text=True, timeout=30)
-    head = git("rev-parse", "HEAD")
-    if head.returncode:
-        return "unknown", False
-    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-    return head.stdout.strip(), bool(dirty)
 
 
 def in_repository(text: str) -> str:
     """`text` with this checkout's absolute paths written relative to its root (and those
     beside it as ../), as a reader's checkout has them."""
     return text.replace(str(REPO) + os.sep, "").replace(str(REPO.parent) + os.sep, "../")
-
-
-def slug(text: str) -> str:
-    """A file-name part: lower case, words joined by hyphens."""
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
-def add_results_flag(parser, default: Optional[str]):
-    """`--results=SETTING`: the setting part of this run's results file name, bench/results/
-    <script>-<host kind>-SETTING.json; `default` unless given (None: the script names it by
-    what the run measures); --results= writes none."""
-    parser.add_argument(
-        "--results", default=default,
-        help="the setting part of the results file's name, bench/results/<script>-<host "
-             "kind>-SETTING.json (default: " + (repr(default) if default else "what the run "
-             "measures") + "); --results= writes none")
-
-
-def dumps_results(result: dict) -> str:
-    """A results file's JSON: one line per key, per table's title and header, and per row."""
-    def table(t):
-        rows = ",\n".join("    " + json.dumps(r, ensure_ascii=False) for r in t["rows"])
-        return ("  {\"title\": " + json.dumps(t["title"], ensure_ascii=False) + ",\n"
-                "   \"header\": " + json.dumps(t["header"], ensure_ascii=False) + ",\n"
-                "   \"rows\": [\n" + rows + "]}")
-    lines = [f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}"
-             for k, v in result.items() if k != "tables"]
-    lines.append(' "tables": [\n' + ",\n".join(table(t) for t in result["tables"]) + "]")
-    return "{\n" + ",\n".join(lines) + "\n}\n"
-
-
-def write_results(script: str, setting_slug: str, setting: str, packages: Sequence[str] = (),
-                  extra: Optional[dict] = None, directory: Optional[Path] = None,
-                  tables: Optional[List[dict]] = None) -> Optional[Path]:
-    """Writes this run's results file, bench/results/<script>-<host kind>-<setting_slug>.json,
-    and prints its path: the setting in words, the host kind and CPU, the versions of the
-    usual packages and `packages`, the command, the commit, the date, `extra` (e.g. the
-    matmul peaks, the search rules) and every table and summary line printed (or
-    `tables`). The file of an earlier run of the same script, host kind and setting is
-    replaced (git keeps it). No file when setting_slug is empty (--results=)."""
-    if not setting_slug:
-        return None
-    model, flags = cpu_info()
-    kind = host_kind(model, flags)
-    commit, dirty = git_commit()
-    result = {"benchmark": f"bench/{script}.py", "setting": setting, "host_kind": kind,
-              "host": {"cpu": model, "cores": os.cpu_count(), "flags": flags},
-              "versions": package_versions(*packages), "command": in_repository(command()),
-              "commit": commit, "date": time.strftime("%Y-%m-%d"),
-              "source": f"bench/{script}.py output"}
-    if dirty:
-        result["commit_note"] = "the checkout had uncommitted changes to tracked files"
-    if _HEADER:
-        result["header"] = dict(_HEADER)
-    result.update(extra or {})
-    result["tables"] = list(_PRINTED if tables is None else tables)
-    directory = Path(directory or RESULTS)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / (f"{slug(script)}-{HOST_SLUGS.get(kind, slug(kind))}-"
-                        f"{slug(setting_slug)}.json")
-    path.write_text(dumps_results(result), encoding="utf-8")
-    print(f"results: {in_repository(str(path))}")
-    return path
 
 
 def require(modules: Sequence[str], what: str):

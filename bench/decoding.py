@@ -118,6 +118,7 @@ import sys
 from typing import List, NamedTuple
 
 import common
+import results_file
 from peers import ctranslate2_race, decoding_runners
 from peers.decoding_workers import worker as run_worker
 
@@ -296,7 +297,7 @@ def parse_args(argv):
     ct2.add_argument("--worker", help=argparse.SUPPRESS)  # engine:precision:threads
     ct2.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ct2.add_argument("--ctranslate2_search", help=argparse.SUPPRESS)  # ctranslate2_search's
-    common.add_results_flag(parser, None)
+    results_file.add_results_flag(parser, None)
     parser.add_argument("--rules", action="store_true", help="each stopping rule's cost on "
                         "the float32 export: sentences/s, sacreBLEU, row-steps and steps per "
                         "sentence")
@@ -358,7 +359,7 @@ def main(argv=None):
                f"{args.batch_size}")
     if args.ctranslate2:
         setting += "; " + ctranslate2_race.rules_line(export)
-    common.write_results("decoding", results_name(args, export), setting,
+    results_file.write_results("decoding", results_name(args, export), setting,
                          packages=["ctranslate2", "keras-hub", "sacrebleu", "sentencepiece"])
 
 

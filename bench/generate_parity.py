@@ -38,6 +38,7 @@ import tempfile
 from pathlib import Path
 
 import common
+import results_file
 
 
 def train_and_export(steps: int, vocabularies: str, seed: int, root: Path):
@@ -153,7 +154,7 @@ def main():
                         help="STEPS:shared|separate:SEED, comma-separated")
     parser.add_argument("--sentences", type=int, default=60,
                         help="inputs per model, numbers of 1 to 6 digits in words")
-    common.add_results_flag(parser, "marian-builtin")
+    results_file.add_results_flag(parser, "marian-builtin")
     args = parser.parse_args()
     common.require(["torch", "transformers"], "bench/generate_parity.py")
     import transformers
@@ -185,7 +186,7 @@ def main():
          "where a direct output parts from generate()'s"],
         rows, text_columns=[0, 1, 8],
         title="generate() on the Marian export against our search with its settings")
-    common.write_results("generate_parity", args.results,
+    results_file.write_results("generate_parity", args.results,
                          f"Marian exports of builtin models ({args.models}), "
                          f"{args.sentences} inputs each",
                          packages=["torch", "transformers"])

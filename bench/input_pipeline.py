@@ -33,6 +33,7 @@ import keras_transformer
 from trainer.data import input_pipeline, sources
 
 import common
+import results_file
 
 
 def real_tokens(batch) -> int:
@@ -169,12 +170,12 @@ def main(argv=None):
     parser.add_argument("--train_steps", type=int, default=20)
     parser.add_argument("--subword_sampling", type=float, default=0.0,
                         help="the trainer's --subword_sampling (BPE-dropout rate)")
-    common.add_results_flag(parser, "multi30k")
+    results_file.add_results_flag(parser, "multi30k")
     args = parser.parse_args(argv)
     if args.max_len > keras_transformer.TransformerConfig.small().max_length:
         parser.error(f"--max_len={args.max_len} exceeds the small model's positions")
     print_report(args, measure(args))
-    common.write_results(
+    results_file.write_results(
         "input_pipeline", args.results,
         f"Multi30k train, the small model, float32, --batch_tokens={args.batch_tokens} "
         f"--max_len={args.max_len} --subword_sampling={args.subword_sampling:g}",

@@ -48,6 +48,7 @@ from keras_transformer import (Transformer, TransformerConfig,
                                projected_label_smoothed_cross_entropy)
 
 import common
+import results_file
 
 
 def print_op_table(title: str, columns, top: int):
@@ -348,7 +349,7 @@ def parse_args(argv):
                           "sentence leaves to the machine's drift)")
     decoding.add_argument("--threads", type=int, default=0, help="TensorFlow's intra- and "
                           "inter-op threads (0: one per core)")
-    common.add_results_flag(parser, None)
+    results_file.add_results_flag(parser, None)
     args = parser.parse_args(argv)
     if args.results is None:  # the default: what is profiled
         args.results = (f"decoding-{args.threads or 'default'}-threads" if args.decoding
@@ -373,7 +374,7 @@ def main(argv=None):
         profile_decoding(args)
         setting = (f"serving_default of {args.saved_model}, batches of {args.batch_size}, "
                    f"{args.threads or 'default'} threads")
-    common.write_results("profiling", args.results, common.in_repository(setting))
+    results_file.write_results("profiling", args.results, common.in_repository(setting))
 
 
 if __name__ == "__main__":

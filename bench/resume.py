@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 import common
+import results_file
 
 RECIPE = common.REPO / "trainer" / "flagfiles" / "multi30k.cfg"
 FIRST_UPDATE = re.compile(r"^step (\d+)/")
@@ -322,7 +323,7 @@ def main(argv=None):
     parser.add_argument("--checkpoint_pairs", type=int, default=1_000_000)
     parser.add_argument("--checkpoint_steps", default="20,40,60")
     parser.add_argument("--skip_checkpoint", action="store_true")
-    common.add_results_flag(parser, None)
+    results_file.add_results_flag(parser, None)
     args = parser.parse_args(argv)
     parts = [name for name, skip in (("checkpoints", args.skip_checkpoint),
                                      ("resume", args.skip_resume),
@@ -346,7 +347,7 @@ def main(argv=None):
         if not args.skip_preempt:
             print_preemption_table(measure_preemption(
                 Path(directory), [int(s) for s in args.preempt_after.split(",")]))
-    common.write_results("resume", args.results,
+    results_file.write_results("resume", args.results,
                          "python -m trainer.task with the Multi30k recipe's flags: "
                          + ", ".join(parts))
 

@@ -62,6 +62,7 @@ from trainer.data import input_pipeline, sources
 from trainer.training.precision import Choice, measured_choice
 
 import common
+import results_file
 from peers import Batch, training_runners
 from peers.our_trainer import RecordingData, Result, measure_row
 from peers.training_runners import Row
@@ -361,7 +362,7 @@ def parse_args(argv):
     peers.add_argument("--passes", type=int, default=3, help="timed passes over the pool")
     peers.add_argument("--implementations", default=",".join(IMPLEMENTATIONS))
     peers.add_argument("--peer_dropout", choices=("paper", "native"), default="paper")
-    common.add_results_flag(parser, None)
+    results_file.add_results_flag(parser, None)
     args = parser.parse_args(argv)
     if args.breakdown_reps is None:
         args.breakdown_reps = 3 if args.peers else 5
@@ -382,7 +383,7 @@ def main(argv=None):
         peaks, loads = peer_peaks(args), [os.getloadavg()[0]]
         rows, config, pool, probe = measure_peers(args, peaks, loads)
         print_peers_report(args, rows, peaks, config, pool, probe, loads)
-        return common.write_results(
+        return results_file.write_results(
             "training", "peers" if args.results is None else args.results,
             "the same Multi30k batches for every implementation, measured in alternation "
             "update by update", packages=["torch", "keras-hub"])
@@ -391,7 +392,7 @@ def main(argv=None):
     results, peaks, data, model_config, auto = measure_pipeline(args, args.precisions,
                                                                 jit_modes)
     print_pipeline_report(args, results, peaks, data, model_config, load_before, auto)
-    common.write_results("training", "pipeline" if args.results is None else args.results,
+    results_file.write_results("training", "pipeline" if args.results is None else args.results,
                          "the Multi30k recipe's model, timed updates fed by the input "
                          f"pipeline: {', '.join(args.precisions)}")
 

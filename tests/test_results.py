@@ -18,9 +18,9 @@ without its doc (the tests at the end show both on doctored copies). Reads JSON 
 markdown only: no TensorFlow.
 """
 
-import importlib.util
 import json
 import re
+import sys
 from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
 from pathlib import Path
 
@@ -31,12 +31,13 @@ RESULTS = REPO / "bench" / "results"
 README = REPO / "README.md"
 PERFORMANCE = REPO / "docs" / "performance.md"
 
-# bench/common.py, the benchmarks' writer of results files (it imports no TensorFlow at import).
-_spec = importlib.util.spec_from_file_location("bench_common", REPO / "bench" / "common.py")
-bench_common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_common)
+# bench/results_file.py, the benchmarks' writer of results files, and bench/common.py, which
+# keeps what a run prints (neither imports TensorFlow at import); as the scripts import them.
+sys.path.insert(0, str(REPO / "bench"))
+import common as bench_common  # noqa: E402
+import results_file  # noqa: E402
 # The host kinds a results file may name, and the part of its file name that says which.
-HOST_SLUGS = bench_common.HOST_SLUGS
+HOST_SLUGS = results_file.HOST_SLUGS
 KEYS = ("benchmark", "setting", "host_kind", "host", "versions", "command", "commit", "date",
         "source", "tables")
 UNITS = r"x|%|ms|s|MB|GB|GiB|sentences/s|tokens/s|updates/s|GFLOP/s|BLEU|minutes|min"
@@ -363,7 +364,7 @@ def test_the_real_pages_fail_when_a_figure_changes():
 
 
 def test_the_host_kind_is_named_by_what_its_matmuls_can_use():
-    kind = bench_common.host_kind
+    kind = results_file.host_kind
     assert kind("Intel(R) Xeon(R) Platinum 8481C", ["avx512_bf16", "amx_bf16"]) == "Intel Xeon, AMX"
     assert kind("Intel(R) Xeon(R) Platinum 8581C", ["avx512f", "avx512_bf16"]) == \
         "Intel Xeon, AVX-512 BF16, no AMX"
@@ -380,8 +381,8 @@ def test_a_benchmark_writes_what_it_printed(tmp_path, capsys, monkeypatch):
     """write_results: the tables print_table printed and the summary lines, with the host,
     versions, command and commit, under a name of the host kind and setting; the file
     passes the checks above."""
-    monkeypatch.setattr(bench_common, "_PRINTED", [])
-    monkeypatch.setattr(bench_common, "_HEADER", {})
+    monkeypatch.setattr(bench_common, "PRINTED", [])
+    monkeypatch.setattr(bench_common, "HEADER", {})
     monkeypatch.setattr(bench_common, "cpu_info",
                         lambda: ("AMD EPYC 9B14", ["avx2", "avx512_bf16"]))
     monkeypatch.setattr(bench_common.sys, "argv", ["bench/decoding.py", f"--src={REPO}/x.en"])
@@ -389,7 +390,7 @@ def test_a_benchmark_writes_what_it_printed(tmp_path, capsys, monkeypatch):
     bench_common.print_table(["system", "sentences/s"], [["ours", "448.9"], ["theirs", "290.7"]],
                              title="Throughput:")
     bench_common.print_summary("Each at its best: ours 448.9 sentences/s; 1.54x CTranslate2.")
-    path = bench_common.write_results("decoding", "equal-rules-2inflight", "a setting",
+    path = results_file.write_results("decoding", "equal-rules-2inflight", "a setting",
                                       directory=tmp_path)
     assert path.name == "decoding-epyc-avx512-equal-rules-2inflight.json"
     assert "results: " in capsys.readouterr().out
@@ -406,4 +407,4 @@ def test_a_benchmark_writes_what_it_printed(tmp_path, capsys, monkeypatch):
     read = lambda name: json.loads((tmp_path / Path(name).name).read_text(encoding="utf-8"))
     assert check_tables(page.replace("| other | 290.7 | 1.00x |", "| other | 290.7 |  |"),
                         read) == []
-    assert bench_common.write_results("decoding", "", "none", directory=tmp_path) is None
+    assert results_file.write_results("decoding", "", "none", directory=tmp_path) is None
