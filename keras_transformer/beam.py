@@ -27,18 +27,21 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from keras_transformer import stopping
-from keras_transformer.config import DecodeConfig
+from keras_transformer.config import OPTIONS, DecodeConfig
 from keras_transformer.log_probs import (LogProbs, as_log_probs, best_of_beams,
                                          candidates_per_row)
 from keras_transformer.ranking import top_k
 from keras_transformer.search import (DecodeResult, TokenRules, first_tokens, growing_shapes,
+                                      is_per_sentence, largest, of_sentences, per_beam,
                                       write_tokens)
 from keras_transformer.search import length_penalty as lp
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 
+NUM_HYPOTHESES = next(o for o in OPTIONS if o.name == "num_hypotheses")
+
 
 @tf.autograph.experimental.do_not_convert
-def beam_search(step, config=DecodeConfig(), num_hypotheses=None):
+def beam_search(step, config=DecodeConfig()):
     """Beam search over `step` with `config`'s beam size, length penalty, stopping rule
     and output limits (section 6.1).
 
@@ -48,16 +51,20 @@ def beam_search(step, config=DecodeConfig(), num_hypotheses=None):
 
     Args:
       step: a step of keras_transformer.search, e.g. keras_transformer.TransformerStep.
-      config: a DecodeConfig; its beam_size, alpha, max_extra_length and patience may be
-        scalar tensors, and stopping a tf.string scalar (a request's options: the caller
-        checks their range).
-      num_hypotheses: how many of the returned hypotheses must be exactly what the rule
-        finds, 1 to beam_size (default: beam_size): 1, when only the best translation is
-        used, stops the exact rule as soon as it is certain, and the others are then
-        finished hypotheses ranked as found, not necessarily the 2nd.. best.
+      config: a DecodeConfig. Its beam_size, alpha, max_extra_length, min_length,
+        num_hypotheses, stopping and patience may be tensors: scalars, or [batch], one
+        per sentence (a batch of requests' options: the caller checks their range). The
+        batch then searches with its largest beam, each sentence kept to its own: its
+        beam_size best candidates live, its 2 x beam_size best ranked, as its search
+        alone would. config.num_hypotheses: how many of the returned hypotheses must be
+        exactly what the rule finds, 1 to beam_size (None: beam_size): 1, when only the
+        best translation is used, stops the exact rule as soon as it is certain, and the
+        others are then finished hypotheses ranked as found, not necessarily the 2nd..
+        best.
     Returns:
-      DecodeResult with beam = beam_size, hypotheses sorted by score, ids in the
-      vocabulary's.
+      DecodeResult with beam = beam_size (the largest), hypotheses sorted by score, ids in
+      the vocabulary's; a sentence's hypotheses past its own beam_size are not its
+      search's.
 
     Example: a scripted step whose log-probs depend only on the last token (vocabulary:
     PAD, UNK, BOS, EOS, "a", "b"): after BOS "a" is likelier, after "a" EOS.
@@ -83,18 +90,16 @@ def beam_search(step, config=DecodeConfig(), num_hypotheses=None):
     [0.54, 0.15]
     """
     beam_size = config.beam_size
-    num_hypotheses = beam_size if num_hypotheses is None else num_hypotheses
-    if not any(map(tf.is_tensor, (beam_size, num_hypotheses))) and not (
-            1 <= num_hypotheses <= beam_size):
-        raise ValueError(f"num_hypotheses must be in 1..beam_size={beam_size}, "
-                         f"got {num_hypotheses}")
+    num_hypotheses = beam_size if config.num_hypotheses is None else config.num_hypotheses
+    NUM_HYPOTHESES.check(num_hypotheses, {"beam_size": beam_size}, named=("beam_size",))
     rules, width = TokenRules.of(step, config)
-    search = _Search(rules, width, beam_size, config.alpha, num_hypotheses,
+    beams = largest(beam_size)
+    search = _Search(rules, width, beams, beam_size, config.alpha, num_hypotheses,
                      config.length_penalty, stopping.rule(config.stopping), config.patience)
-    state = step.start(beam_size, width)
+    state = step.start(beams, width)
     loop = _fixed_shape_beam_search if step.fixed_shapes else _growing_beam_search
     results = step.run(lambda step: loop(search._replace(step=step), state),
-                       tf.shape(step.source_ids)[0] * beam_size)
+                       tf.shape(step.source_ids)[0] * beams)
     ids = results.seqs[:, :, 1:]  # [batch, beam, width]
     lengths = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1)
     return DecodeResult(rules.output_ids(ids), results.scores, results.log_probs, lengths)
@@ -103,12 +108,15 @@ def beam_search(step, config=DecodeConfig(), num_hypotheses=None):
 class _Search(NamedTuple):
     """What every step of one search reads and no step changes.
 
-    rules: the TokenRules of its sentences; width: the output width; beam_size, alpha,
-    num_hypotheses, length_penalty and patience: as DecodeConfig has them; stopping: a
-    rule of keras_transformer.stopping; step: the step the loop runs."""
+    rules: the TokenRules of its sentences; width: the output width; beams: the beams of
+    each sentence's tensors (the batch's largest beam_size); beam_size, alpha,
+    num_hypotheses, length_penalty and patience: as DecodeConfig has them (a Python value,
+    a scalar, or a tensor of one per sentence); stopping: a rule of
+    keras_transformer.stopping; step: the step the loop runs."""
 
     rules: TokenRules
     width: Any
+    beams: Any
     beam_size: Any
     alpha: Any
     num_hypotheses: Any
@@ -117,9 +125,35 @@ class _Search(NamedTuple):
     patience: Any
     step: Any = None
 
+    @property
+    def per_sentence(self) -> bool:
+        """The sentences' beams differ: a sentence's own beam_size must be enforced."""
+        return is_per_sentence(self.beam_size)
+
+    def of(self, sentences):
+        """This search's settings for the sentences int32 [n] still searching."""
+        stopping = self.stopping
+        if hasattr(stopping, "of"):  # chosen per sentence
+            stopping = stopping.of(sentences)
+        return self._replace(stopping=stopping, **{
+            name: of_sentences(getattr(self, name), sentences)
+            for name in ("beam_size", "alpha", "num_hypotheses", "patience")})
+
     def score(self, log_probs, length):
-        """log_probs / lp(length): a finished hypothesis' score (section 6.1)."""
-        return log_probs / lp(length, self.alpha, self.length_penalty)
+        """log_probs / lp(length): a finished hypothesis' score (section 6.1), of
+        log_probs float32 [n] or [n, k]."""
+        alpha = self.alpha
+        if is_per_sentence(alpha) and log_probs.shape.rank == 2:
+            alpha = alpha[:, None]
+        return log_probs / lp(length, alpha, self.length_penalty)
+
+    def within(self, values, count):
+        """values float32 [n, k] with -inf past each sentence's first `count` [n] columns
+        (a per-sentence beam's: its search ranks no more); as they are otherwise."""
+        if not self.per_sentence:
+            return values
+        rank = tf.range(tf.shape(values)[1])[None, :]
+        return tf.where(rank < per_beam(count), values, float("-inf"))
 
 
 class _Beams(NamedTuple):
@@ -216,7 +250,7 @@ def _fixed_shape_beam_search(search, state):
 
 def _first_beams(search, batch):
     """(_Beams, _Hypotheses) of batch sentences before the first step: BOS, none finished."""
-    beam_size = search.beam_size
+    beam_size = search.beams
     seqs = first_tokens(tf.stack([batch, beam_size]), search.width)  # [batch, beam, width + 1]
     # Only beam 0 is live at first, so the first step does not pick one token k times.
     log_probs = tf.tile(tf.concat([[0.0], tf.fill([beam_size - 1], float("-inf"))], 0)[None, :],
@@ -244,22 +278,26 @@ def _beam_step(search, i, sentences, beams, finished, state):
       state).
     """
     n = tf.shape(sentences)[0]  # beam rows each
-    beam_size = search.beam_size
+    search = search.of(sentences)
+    beam_size = search.beams
     flat_seqs = tf.reshape(beams.seqs, tf.stack([n * beam_size, search.width + 1]))
     token_log_probs, state = search.step(flat_seqs, i, state)
     if search.rules.prefix is not None:  # the prefix's forcing needs every log-prob
         token_log_probs = search.rules.force_prefix(as_log_probs(token_log_probs), i,
                                                     tf.repeat(sentences, beam_size))
+    token_log_probs = search.rules.exclude_early_eos(token_log_probs, i, sentences, beam_size)
     # 2 * beam candidates hold at least beam that do not end in EOS (at most one
     # EOS per live beam), so the live set never runs short.
     top_log_probs, top_beams, top_tokens = _best_extensions(
         search.rules, token_log_probs, beams.log_probs, i + 1, sentences, 2 * beam_size)
+    top_log_probs = search.within(top_log_probs, 2 * search.beam_size)
     top_seqs = write_tokens(tf.gather(beams.seqs, top_beams, batch_dims=1), i + 1,
                             top_tokens)  # [n, 2 * beam, width + 1]
     ends = top_tokens == EOS_ID
 
     live_log_probs, keep = tf.math.top_k(tf.where(ends, float("-inf"), top_log_probs),
                                          beam_size)
+    live_log_probs = search.within(live_log_probs, search.beam_size)
     beams = _Beams(tf.gather(top_seqs, keep, batch_dims=1), live_log_probs)
     parents = tf.gather(top_beams, keep, batch_dims=1) + beam_size * tf.range(n)[:, None]
     finishing = search.stopping.finishing(ends, search)
@@ -277,7 +315,7 @@ def _add_finished(finished, seqs, log_probs, length, search):
     seqs int32 [n, k, width + 1] and log_probs float32 [n, k] (-inf: not finished) are
     the new ones; a hypothesis scores log-prob / lp(length) (section 6.1)."""
     scores = tf.concat([finished.scores, search.score(log_probs, length)], 1)
-    scores, keep = tf.math.top_k(scores, search.beam_size)  # [n, beam]
+    scores, keep = tf.math.top_k(scores, search.beams)  # [n, beam]
     count = finished.count + tf.reduce_sum(tf.cast(log_probs > float("-inf"), tf.int32), 1)
     return _Hypotheses(
         tf.gather(tf.concat([finished.seqs, seqs], 1), keep, batch_dims=1),

@@ -9,6 +9,8 @@ Presets are named after the paper's rows ("Attention Is All You Need", Table 3):
 import dataclasses
 from typing import Optional
 
+from keras_transformer.options import BEAM, SAMPLE, check_fields, option, options_of
+
 POSITIONAL_KINDS = ("sinusoidal", "learned")
 # The feed-forward network's activation: the paper's ReLU, or what other Transformers use
 # (Marian's OPUS-MT models: swish, x * sigmoid(x); gelu, the exact erf form).
@@ -210,64 +212,67 @@ PRESETS = ("tiny", "small", "base", "big")
 class DecodeConfig:
     """How a trained model translates (paper section 6.1: "beam search with a beam size
     of 4 and length penalty alpha = 0.6 ... maximum output length during inference to
-    input length + 50"). The one place these values are written: the library's searches,
-    validation, the export and its clients all read them from here.
+    input length + 50"), sampling's settings included. The one place these values are
+    written: the library's searches, validation, the export, its signatures and the
+    programs' flags all read them, and each field's declaration (keras_transformer.options:
+    its type, range, whether a request may set it, its help), from here.
 
-    Attributes:
-      beam_size: hypotheses kept per input (1: greedy search).
-      alpha: the length penalty's exponent (0: none).
-      length_penalty: its form, one of LENGTH_PENALTIES: "gnmt", the paper's,
-        ((5 + length) / 6) ** alpha; "average", length ** alpha (Hugging Face, Marian).
-      stopping: when a beam search's sentence is done, one of STOPPING_RULES: "exact"
-        (the paper's search), "transformers" (as Hugging Face's generate() by default) or
-        "first" (once patience x beam_size hypotheses have finished: CTranslate2's and
-        fairseq's rule).
-      patience: with stopping "first", the finished hypotheses a sentence waits for, as a
-        multiple of beam_size (Kasai et al., 2022, "A Call for Clarity in Beam Search").
-      max_extra_length: an output has at most the input's tokens + 1 + this many tokens,
-        EOS included (and never more than the model's positions allow).
-      max_length: None, or positions an output may take, the start token (BOS)
-        included, as Transformers' max_length counts them: outputs of at most
-        max_length - 1 tokens, whatever the input's length (a converted checkpoint's
-        generation setting); None: the model's positions.
-      max_beam_size: the largest beam (and number of samples) a client of an export may
-        ask for per request; it bounds a request's work and output.
+    A field may hold a tensor: a scalar, or [batch], one value per sentence (an export's
+    signature inputs, whose range the signature checks per row); only Python values are
+    checked here. The attributes are the help texts below.
     """
 
-    beam_size: int = 4
-    alpha: float = 0.6
-    length_penalty: str = "gnmt"
-    stopping: str = "exact"
-    patience: float = 1.0
-    max_extra_length: int = 50
-    max_length: Optional[int] = None
-    max_beam_size: int = 8
+    beam_size: int = option(
+        4, int, "Hypotheses kept per input: 1 is greedy search.", low=1, high="max_beam_size",
+        request=True, searches=(BEAM,))
+    alpha: float = option(
+        0.6, float, "The length penalty's exponent: 0 turns it off.", low=0.0, request=True,
+        searches=(BEAM,))
+    length_penalty: str = option(
+        "gnmt", str, "The length penalty's form: gnmt, the paper's ((5 + length) / 6)^alpha, "
+        "or average, length^alpha (Hugging Face, Marian, CTranslate2).",
+        choices=LENGTH_PENALTIES)
+    stopping: str = option(
+        "exact", str, "When a sentence's beam search is done: exact, once no live beam can "
+        "still enter its n-best (the paper's search); transformers, as Hugging Face's "
+        "generate() stops by default; first, once patience x beam size hypotheses have "
+        "finished (CTranslate2's and fairseq's rule).", choices=STOPPING_RULES, request=True,
+        searches=(BEAM,))
+    patience: float = option(
+        1.0, float, "With stopping first, the finished hypotheses a sentence waits for, as "
+        "a multiple of the beam size.", low=0.0, low_open=True, request=True,
+        searches=(BEAM,))
+    max_extra_length: int = option(
+        50, int, "Output tokens beyond the input's: an output has at most the input's "
+        "tokens + 1 + this many, EOS included (the paper's input + 50).", low=0, request=True)
+    max_length: Optional[int] = option(
+        None, int, "Positions an output may take, the start token included, as "
+        "Transformers' max_length counts them (a converted checkpoint's generation "
+        "setting); none: the model's positions.", low=2, optional=True)
+    min_length: int = option(
+        0, int, "Tokens an output has at least before its EOS (CTranslate2's "
+        "min_decoding_length; 0: no minimum); the maximum length still ends an output.",
+        low=0, request=True)
+    num_hypotheses: Optional[int] = option(
+        None, int, "Hypotheses returned per input, best first: beam search finds them "
+        "exactly (none: all beam_size); sampling draws this many (none: one).",
+        low=1, high="beam_size", optional=True, request=True)
+    temperature: float = option(
+        1.0, float, "Sampling's temperature: the logits are divided by it; 0 takes the "
+        "most probable token (greedy).", low=0.0, request=True, searches=(SAMPLE,))
+    top_k: int = option(
+        0, int, "Sample among the k most probable tokens (ties with the k-th kept); 0: "
+        "all.", low=0, request=True, searches=(SAMPLE,))
+    top_p: float = option(
+        1.0, float, "Sample within the smallest set of most probable tokens whose "
+        "probability reaches top_p (nucleus sampling); 1: all.", low=0.0, high=1,
+        low_open=True, request=True, searches=(SAMPLE,))
+    seed: int = option(
+        0, int, "Sampling's seed: the same seed and input give the same samples.",
+        request=True, searches=(SAMPLE,), dtype="int64")
 
     def __post_init__(self):
-        # A field may hold a scalar tensor (a SavedModel signature's request option, whose
-        # range the graph checks): only Python values are checked here.
-        def known(*values):
-            return all(isinstance(v, (int, float, str, type(None))) for v in values)
-
-        if known(self.beam_size, self.max_beam_size) and (
-                self.beam_size < 1 or self.max_beam_size < 1):
-            raise ValueError(f"beam_size and max_beam_size must be at least 1, got "
-                             f"{self.beam_size} and {self.max_beam_size}")
-        if known(self.alpha, self.max_extra_length) and (
-                self.alpha < 0 or self.max_extra_length < 0):
-            raise ValueError(f"alpha and max_extra_length must not be negative, got "
-                             f"{self.alpha} and {self.max_extra_length}")
-        if known(self.patience) and self.patience <= 0:
-            raise ValueError(f"patience must be above 0, got {self.patience}")
-        if self.max_length is not None and self.max_length < 2:
-            raise ValueError(f"max_length must be at least 2 (the start token and one more), "
-                             f"got {self.max_length}")
-        if self.length_penalty not in LENGTH_PENALTIES:
-            raise ValueError(f"unknown length_penalty {self.length_penalty!r}; choose one of "
-                             f"{', '.join(LENGTH_PENALTIES)}")
-        if known(self.stopping) and self.stopping not in STOPPING_RULES:
-            raise ValueError(f"unknown stopping {self.stopping!r}; choose one of "
-                             f"{', '.join(STOPPING_RULES)}")
+        check_fields(self)
 
     def to_dict(self) -> dict:
         """The fields as a JSON-ready dict; `from_dict` reads it back."""
@@ -275,7 +280,11 @@ class DecodeConfig:
 
     @classmethod
     def from_dict(cls, fields: dict) -> "DecodeConfig":
-        """The config of `fields`' decoding keys (other keys are ignored, missing ones
-        take the paper's values): reads an export's export.json."""
+        """The config of `fields`' decoding keys (other keys, such as an older export's
+        max_beam_size, are ignored; missing ones take the paper's values): reads a model
+        directory's config.json and an export's export.json."""
         names = {field.name for field in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in fields.items() if k in names})
+
+
+OPTIONS = options_of(DecodeConfig)

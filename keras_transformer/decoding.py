@@ -3,8 +3,8 @@ one-output-per-row search shares (greedy, and sampling in keras_transformer.samp
 
 The searches are plain TensorFlow over any step (keras_transformer.search): they trace
 inside a `tf.function` whose inputs have unknown batch and length, take their settings as
-a DecodeConfig of Python values or scalar tensors (a SavedModel signature's inputs: one
-trace serves every setting), and follow the step's target prefix: tokens every output
+a DecodeConfig of Python values or tensors, scalars or one value per sentence (a
+SavedModel signature's inputs: one trace serves every setting), and follow the step's target prefix: tokens every output
 starts with, as if a translator had typed them, scored by the model (their
 log-probabilities are in the results) and followed by the search.
 """
@@ -14,7 +14,7 @@ import tensorflow as tf
 from keras_transformer.config import DecodeConfig
 from keras_transformer.log_probs import as_log_probs
 from keras_transformer.search import (DecodeResult, TokenRules, first_tokens, growing_shapes,
-                                      write_tokens)
+                                      is_per_sentence, write_tokens)
 from keras_transformer.search import length_penalty as lp
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 
@@ -94,7 +94,10 @@ def search_single_path(step, config=DecodeConfig(), choose=None, rows_per_senten
     ids = seqs[:, None, 1:]  # [rows, 1, width]
     lengths = tf.reduce_sum(tf.cast(ids != PAD_ID, tf.int32), axis=-1)  # [rows, 1]
     log_probs = log_probs[:, None]
-    scores = log_probs / lp(lengths, config.alpha, config.length_penalty)
+    alpha = config.alpha
+    if is_per_sentence(alpha):
+        alpha = tf.repeat(alpha, rows_per_sentence)[:, None]
+    scores = log_probs / lp(lengths, alpha, config.length_penalty)
     return DecodeResult(rules.output_ids(ids), scores, log_probs, lengths)
 
 

@@ -54,7 +54,7 @@ from typing import NamedTuple, Optional
 import tensorflow as tf
 
 from keras_transformer.config import LENGTH_PENALTIES, DecodeConfig
-from keras_transformer.log_probs import is_any
+from keras_transformer.log_probs import LogProbs, is_any
 from keras_transformer.shortlist import from_candidates, to_candidates
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
 
@@ -84,20 +84,39 @@ class DecodeResult(NamedTuple):
     lengths: tf.Tensor
 
 
-def length_penalty(length, alpha, kind="gnmt"):
-    """lp(Y), what a hypothesis' log-probability is divided by to score it.
+class Gnmt:
+    """Wu et al. (2016), lp(Y) = ((5 + |Y|) / 6)^alpha: the paper's (section 6.1)."""
 
-    "gnmt": Wu et al. (2016), lp(Y) = ((5 + |Y|) / 6)^alpha, the paper's (section 6.1).
-    "average": lp(Y) = |Y|^alpha, Hugging Face's, Marian's, CTranslate2's and fairseq's
-    (alpha 1: the mean log-probability per token).
-    Both grow with |Y| for alpha >= 0, which the searches' early exit relies on.
+    def __call__(self, length, alpha):
+        return tf.pow((5.0 + length) / 6.0, alpha)
+
+
+class Average:
+    """lp(Y) = |Y|^alpha: Hugging Face's, Marian's, CTranslate2's and fairseq's (alpha 1:
+    the mean log-probability per token)."""
+
+    def __call__(self, length, alpha):
+        return tf.pow(length, alpha)
+
+
+# The length penalties by name; keras_transformer.config.LENGTH_PENALTIES names them for
+# the flags. Adding one is a class here, a line in PENALTIES, and its name there.
+PENALTIES = {"gnmt": Gnmt(), "average": Average()}
+assert tuple(PENALTIES) == LENGTH_PENALTIES, "name a new penalty in config.LENGTH_PENALTIES"
+
+
+def length_penalty(length, alpha, kind="gnmt"):
+    """lp(Y), what a hypothesis' log-probability is divided by to score it: PENALTIES'
+    `kind` (Gnmt, the paper's; Average). Both grow with |Y| for alpha >= 0, which the
+    searches' early exit relies on.
 
     Args:
       length: int or float tensor of any shape, |Y| (EOS included).
-      alpha: float, 0 turns the penalty off (lp = 1).
+      alpha: float, 0 turns the penalty off (lp = 1); or a tensor that broadcasts with
+        `length` (one alpha per sentence).
       kind: one of LENGTH_PENALTIES.
     Returns:
-      float32, the shape of `length`.
+      float32, the broadcast shape of `length` and `alpha`.
 
     Example:
 
@@ -107,20 +126,17 @@ def length_penalty(length, alpha, kind="gnmt"):
     >>> round(float(length_penalty(4, 0.5, "average")), 4)  # 4^0.5
     2.0
     """
-    length = tf.cast(length, tf.float32)
-    if kind == "gnmt":
-        return tf.pow((5.0 + length) / 6.0, alpha)
-    if kind == "average":
-        return tf.pow(length, alpha)
-    raise ValueError(f"unknown length penalty {kind!r}; choose one of "
-                     f"{', '.join(LENGTH_PENALTIES)}")
+    if kind not in PENALTIES:
+        raise ValueError(f"length_penalty must be one of {', '.join(PENALTIES)}, got {kind!r}")
+    return PENALTIES[kind](tf.cast(length, tf.float32), alpha)
 
 
 def output_limits(source_ids, extra_length, max_length, limit=None):
     """(width, max_lengths int32 [batch]): the output buffer's width and each output's
     limit, EOS counted (section 6.1: input length + extra_length), both at most
     max_length - 1 (BOS takes one of a model's max_length positions), and at most
-    limit - 1 when a search's own limit is given (DecodeConfig.max_length).
+    limit - 1 when a search's own limit is given (DecodeConfig.max_length). extra_length:
+    an int, a scalar tensor, or int32 [batch], one per sentence.
 
     width is a Python int when the source's width is static and extra_length a Python
     int, so that XLA sees fixed shapes.
@@ -134,12 +150,41 @@ def output_limits(source_ids, extra_length, max_length, limit=None):
     """
     cap = (max_length if limit is None else min(max_length, limit)) - 1
     src_len = source_ids.shape[1]
-    if src_len is None or tf.is_tensor(extra_length):
+    if is_per_sentence(extra_length):  # the widest of the batch (0 for an empty one)
+        width = tf.minimum(tf.shape(source_ids)[1] +
+                           tf.reduce_max(tf.concat([extra_length, [0]], 0)), cap)
+    elif src_len is None or tf.is_tensor(extra_length):
         width = tf.minimum(tf.shape(source_ids)[1] + extra_length, cap)
     else:
         width = min(src_len + extra_length, cap)
     source_lengths = tf.reduce_sum(tf.cast(source_ids != PAD_ID, tf.int32), axis=1)
     return width, tf.minimum(source_lengths + extra_length, cap)
+
+
+def is_per_sentence(value) -> bool:
+    """A setting holds one value per sentence: a tensor [batch] (a request's options), not
+    a Python value or a scalar shared by every sentence."""
+    return tf.is_tensor(value) and value.shape.rank == 1
+
+
+def of_sentences(value, sentences):
+    """A setting for the n sentences `sentences` int32 [n] still searching: a tensor
+    [batch] gathered to [n], a shared value as it is."""
+    return tf.gather(value, sentences) if is_per_sentence(value) else value
+
+
+def per_beam(value):
+    """A setting [n] as [n, 1], to broadcast over each sentence's beams or candidates; a
+    shared value as it is."""
+    return value[:, None] if is_per_sentence(value) else value
+
+
+def largest(value, least=1):
+    """The largest of a setting's values (at least `least`: a batch may be empty): the
+    batch's beam or number of samples, what its tensors are shaped by."""
+    if is_per_sentence(value):
+        return tf.reduce_max(tf.concat([value, [least]], 0))
+    return value
 
 
 class TargetPrefix(NamedTuple):
@@ -195,11 +240,15 @@ class TokenRules(NamedTuple):
       prefix: None, or the TargetPrefix of the n sentences, in the step's token space.
       vocabulary: None, or int32 [C], the ids the step's tokens index (a shortlist's
         candidates: the special ids 0-3 keep their values, keras_transformer.shortlist).
+      min_lengths: None (no minimum), or int32 [n], the tokens each sentence's output has
+        before its EOS at least (DecodeConfig.min_length): EOS is excluded before, but
+        for the EOS forced at the maximum length.
     """
 
     max_lengths: tf.Tensor
     prefix: Optional[TargetPrefix] = None
     vocabulary: Optional[tf.Tensor] = None
+    min_lengths: Optional[tf.Tensor] = None
 
     NEVER = (PAD_ID, BOS_ID)  # the tokens no output holds
 
@@ -212,15 +261,22 @@ class TokenRules(NamedTuple):
         prefix = step.target_prefix
         if prefix is not None and step.vocabulary is not None:
             prefix = to_candidates(prefix, step.vocabulary)
-        return cls(max_lengths, TargetPrefix.of(prefix), step.vocabulary), width
+        min_lengths = None
+        if tf.is_tensor(config.min_length) or config.min_length > 0:
+            min_lengths = tf.broadcast_to(tf.cast(config.min_length, tf.int32),
+                                          tf.shape(max_lengths))
+        return cls(max_lengths, TargetPrefix.of(prefix), step.vocabulary, min_lengths), width
 
     def per_row(self, rows_per_sentence):
         """The rules of each of rows_per_sentence adjacent rows per sentence."""
         prefix = self.prefix
         if prefix is not None:
             prefix = TargetPrefix(*(tf.repeat(t, rows_per_sentence, axis=0) for t in prefix))
+        min_lengths = self.min_lengths
+        if min_lengths is not None:
+            min_lengths = tf.repeat(min_lengths, rows_per_sentence)
         return TokenRules(tf.repeat(self.max_lengths, rows_per_sentence), prefix,
-                          self.vocabulary)
+                          self.vocabulary, min_lengths)
 
     def apply(self, log_probs, position, rows=None):
         """log_probs float32 [rows, vocab] of the token at `position` + 1, with -inf for
@@ -229,6 +285,8 @@ class TokenRules(NamedTuple):
         log_probs = self.force_prefix(log_probs, position, rows)
         token = tf.range(tf.shape(log_probs)[-1])
         may = ~is_any(token, self.NEVER)
+        if self.min_lengths is not None:
+            may &= ~((token == EOS_ID) & self.too_short(position, rows)[:, None])
         at_max = self.at_max(position + 1, rows)[:, None]
         may = tf.where(at_max, token == EOS_ID, may)
         return tf.where(may, tf.where(at_max, 0.0, log_probs), float("-inf"))
@@ -240,6 +298,33 @@ class TokenRules(NamedTuple):
             return log_probs
         max_lengths = self.max_lengths if rows is None else tf.gather(self.max_lengths, rows)
         return self.prefix.force(log_probs, position, max_lengths, rows)
+
+    def too_short(self, position, rows=None):
+        """bool [rows]: an EOS at `position` + 1 would end an output before its minimum."""
+        min_lengths = self.min_lengths if rows is None else tf.gather(self.min_lengths, rows)
+        return position < min_lengths
+
+    def exclude_early_eos(self, log_probs, position, sentences, beam):
+        """A step's log-probs (a tensor float32 [n * beam, vocab] or a LogProbs) with EOS
+        excluded on the rows whose output is still below its minimum length, for a search
+        that ranks a few tokens of each row (beam search): a LogProbs keeps its form, EOS
+        at logit -inf and probability 0 (the other tokens' log-probs unchanged). The ops
+        run only at the steps where some row is still short. sentences: int32 [n], each
+        sentence's index, beam adjacent rows each."""
+        if self.min_lengths is None:
+            return log_probs
+        short = self.too_short(position, tf.repeat(sentences, beam))
+
+        def excluded():
+            def without_eos(t, value):
+                eos = tf.range(tf.shape(t)[-1]) == EOS_ID
+                return tf.where(eos[None, :] & short[:, None], tf.cast(value, t.dtype), t)
+            if isinstance(log_probs, LogProbs):
+                return LogProbs(without_eos(log_probs.logits, float("-inf")),
+                                without_eos(log_probs.probabilities, 0.0))
+            return without_eos(log_probs, float("-inf"))
+
+        return tf.cond(tf.reduce_any(short), excluded, lambda: log_probs)
 
     def apply_to_best(self, best, tokens, length, rows):
         """The other rules on each row's best candidates, for a search that ranks a few of

@@ -22,6 +22,7 @@ keras_transformer.config.STOPPING_RULES.
 import tensorflow as tf
 
 from keras_transformer.config import STOPPING_RULES
+from keras_transformer.search import is_per_sentence, of_sentences, per_beam
 
 
 def no_live_beam_can_enter(finished, live_log_probs, i, max_lengths, search):
@@ -35,12 +36,20 @@ def no_live_beam_can_enter(finished, live_log_probs, i, max_lengths, search):
     finished score is at least the best live beam's bound, no live beam can enter.
     live_log_probs float32 [n, beam], best first; max_lengths int32 [n]."""
     best_live = search.score(live_log_probs[:, 0], tf.maximum(i + 2, max_lengths))  # [n]
-    return finished.scores[:, search.num_hypotheses - 1] >= best_live
+    return finished_score(finished, search.num_hypotheses - 1) >= best_live
 
 
 def among_best(ends, search):
     """bool [n, 2 * beam]: the candidates that end in EOS among the beam_size best."""
-    return ends & (tf.range(tf.shape(ends)[1])[None, :] < search.beam_size)
+    return ends & (tf.range(tf.shape(ends)[1])[None, :] < per_beam(search.beam_size))
+
+
+def finished_score(finished, index):
+    """float32 [n]: each sentence's finished score at `index` (an int, or int32 [n], one
+    per sentence: a sentence's own beam or n-best)."""
+    if is_per_sentence(index):
+        return tf.gather(finished.scores, index, batch_dims=1)
+    return finished.scores[:, index]
 
 
 class Exact:
@@ -67,7 +76,9 @@ class Transformers:
         return among_best(ends, search)
 
     def done(self, finished, live_log_probs, i, max_lengths, search):
-        guess = finished.scores[:, -1] >= search.score(live_log_probs[:, 0], i + 1)
+        worst = finished_score(finished, search.beam_size - 1
+                               if is_per_sentence(search.beam_size) else -1)
+        guess = worst >= search.score(live_log_probs[:, 0], i + 1)
         return guess | no_live_beam_can_enter(finished, live_log_probs, i, max_lengths,
                                               search)
 
@@ -83,7 +94,7 @@ class First:
 
     def done(self, finished, live_log_probs, i, max_lengths, search):
         wanted = tf.floor(tf.cast(search.beam_size, tf.float32) *
-                          tf.cast(search.patience, tf.float32) + 0.5)
+                          tf.cast(search.patience, tf.float32) + 0.5)  # [n] or a scalar
         return (tf.cast(finished.count, tf.float32) >= wanted) | no_live_beam_can_enter(
             finished, live_log_probs, i, max_lengths, search)
 
@@ -93,18 +104,27 @@ assert tuple(RULES) == STOPPING_RULES, "name a new rule in config.STOPPING_RULES
 
 
 class ChosenPerRequest:
-    """One of RULES chosen in the graph by name (a tf.string scalar: a request's option),
-    each hook the chosen rule's."""
+    """One of RULES chosen in the graph by name (a tf.string scalar, or [batch], one per
+    sentence: a request's option), each hook the chosen rule's."""
 
-    def __init__(self, name):
-        self.index = tf.argmax(tf.cast(tf.equal(name, list(RULES)), tf.int32),
-                               output_type=tf.int32)
+    def __init__(self, name=None, index=None):
+        if index is None:
+            index = tf.argmax(tf.cast(tf.equal(name[..., None], list(RULES)), tf.int32),
+                              axis=-1, output_type=tf.int32)
+        self.index = index
+
+    def of(self, sentences):
+        """The rules of the sentences int32 [n] still searching."""
+        return ChosenPerRequest(index=of_sentences(self.index, sentences))
 
     def _chosen(self, hook, *args):
         results = [getattr(rule, hook)(*args) for rule in RULES.values()]
         chosen = results[0]
         for index, result in enumerate(results[1:], 1):
-            chosen = tf.where(self.index == index, result, chosen)
+            chosen_here = self.index == index
+            if is_per_sentence(self.index) and result.shape.rank == 2:
+                chosen_here = chosen_here[:, None]
+            chosen = tf.where(chosen_here, result, chosen)
         return chosen
 
     def finishing(self, ends, search):

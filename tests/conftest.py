@@ -259,26 +259,24 @@ def copy_sources():
 _TRACED = {}
 
 
-# Among `decode`'s keyword arguments, TransformerStep's options and the search's own; the
-# others are DecodeConfig's.
+# Among `decode`'s keyword arguments, TransformerStep's options; the others are
+# DecodeConfig's.
 _STEP_OPTIONS = ("target_prefix", "use_cache", "fixed_shapes", "weights", "shortlist")
-SEARCH_ARGUMENTS = ("num_hypotheses", "seed", "num_samples", "temperature", "top_k", "top_p")
 
 
 def decode(search, model, source_ids, **settings):
     """`search` (beam_search, greedy_search, sample_search) over the model's
-    TransformerStep with the DecodeConfig of `settings` (and the step's options and the
-    search's arguments among them), in a tf.function with unknown batch and length, as an
+    TransformerStep with the DecodeConfig of `settings` (and the step's options among
+    them), in a tf.function with unknown batch and length, as an
     export runs it (traced once per search, model and arguments: tracing dominates these
     tests)."""
     key = (search, model, tuple(sorted(settings.items())))
     if key not in _TRACED:
         options = {name: settings.pop(name) for name in _STEP_OPTIONS if name in settings}
-        arguments = {name: settings.pop(name) for name in SEARCH_ARGUMENTS if name in settings}
         # The exact rule, whatever the library's default: the reference searches are it.
         config = DecodeConfig(**{"stopping": "exact", **settings})
         _TRACED[key] = tf.function(
-            lambda ids: search(TransformerStep(model, ids, **options), config, **arguments),
+            lambda ids: search(TransformerStep(model, ids, **options), config),
             input_signature=ANY_IDS)
     return tf.nest.map_structure(lambda t: t.numpy(), _TRACED[key](source_ids))
 

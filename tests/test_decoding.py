@@ -192,8 +192,8 @@ def test_one_exact_hypothesis_stops_sooner_with_the_same_best(copy_model, copy_s
     np.testing.assert_allclose(best_only.scores[:, 0], decoded["beam"].scores[:, 0], atol=1e-5)
     assert model.steps.numpy() < all_exact  # 9 steps against 10 on these sources
     with pytest.raises(ValueError, match="num_hypotheses"):
-        beam_search(TransformerStep(copy_model, copy_sources), DecodeConfig(beam_size=2),
-                    num_hypotheses=3)
+        beam_search(TransformerStep(copy_model, copy_sources),
+                    DecodeConfig(beam_size=2, num_hypotheses=3))
 
 
 @pytest.mark.parametrize("search", SEARCHES)
@@ -262,9 +262,10 @@ def test_fixed_shapes_compile_with_xla_and_give_the_searchs_results(copy_model, 
     sentences of different lengths finish at different steps, and each keeps the n-best
     it had when it finished."""
     sources = copy_batch(np.random.default_rng(5), batch=8)
-    config = DecodeConfig(beam_size=4, alpha=0.6, stopping="exact")
+    config = DecodeConfig(beam_size=4, alpha=0.6, stopping="exact",
+                          num_hypotheses=num_hypotheses)
     xla = tf.function(lambda ids: beam_search(TransformerStep(copy_model, ids, fixed_shapes=True),
-                                              config, num_hypotheses),
+                                              config),
                       jit_compile=True, input_signature=ANY_IDS)
     fixed = tf.nest.map_structure(lambda t: t.numpy(), xla(sources))
     expected = decode(beam_search, copy_model, sources, num_hypotheses=num_hypotheses,

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import (SEARCH_ARGUMENTS, ANY_IDS, CONFIG, copy_batch, decode,
-                      recomputed_log_probs)
+from conftest import ANY_IDS, CONFIG, copy_batch, decode, recomputed_log_probs
 from reference_search import exhaustive_beam_search, next_log_probs_of
 from keras_transformer import (EOS_ID, DecodeConfig, TransformerStep, beam_search,
                                greedy_search, sample_search, sequence_log_probs, sampling)
@@ -29,11 +28,9 @@ def padded(rows):
 def decode_with_prefix(search, model, source_ids, prefix_rows, **kwargs):
     """`search` with target_prefix=padded(prefix_rows), in a tf.function with unknown
     batch and lengths (as `decode`)."""
-    options = {name: kwargs.pop(name) for name in SEARCH_ARGUMENTS if name in kwargs}
     config = DecodeConfig(**{"stopping": "exact", **kwargs})
     function = tf.function(
-        lambda ids, prefix: search(TransformerStep(model, ids, target_prefix=prefix), config,
-                                   **options),
+        lambda ids, prefix: search(TransformerStep(model, ids, target_prefix=prefix), config),
         input_signature=ANY_IDS * 2)
     return tf.nest.map_structure(lambda t: t.numpy(), function(source_ids, padded(prefix_rows)))
 
@@ -43,8 +40,8 @@ def test_one_trace_takes_the_settings_as_tensors_and_gives_what_python_settings_
     function = tf.function(
         lambda ids, beam, alpha, extra, n: beam_search(
             TransformerStep(copy_model, ids),
-            DecodeConfig(beam_size=beam, alpha=alpha, max_extra_length=extra, stopping="exact"),
-            n),
+            DecodeConfig(beam_size=beam, alpha=alpha, max_extra_length=extra, stopping="exact",
+                         num_hypotheses=n)),
         input_signature=ANY_IDS + SETTINGS)
     for beam, alpha, extra, n in [(1, 0.0, 50, 1), (4, 0.6, 50, 4), (3, 1.0, 2, 2)]:
         got = function(copy_sources, beam, alpha, extra, n)
@@ -91,7 +88,7 @@ def test_greedy_and_sampled_outputs_start_with_the_prefix_and_score_it(copy_mode
         result = decode_with_prefix(greedy_search, copy_model, copy_sources, PREFIXES)
     else:
         result = decode_with_prefix(sample_search, copy_model, copy_sources, PREFIXES, seed=3,
-                                    num_samples=2, temperature=2.0)
+                                    num_hypotheses=2, temperature=2.0)
     for row, rows in zip(PREFIXES, result.ids):
         kept = row[:CONFIG.max_length - 2]
         assert all(list(ids[:len(kept)]) == kept for ids in rows)
@@ -103,7 +100,7 @@ def test_top_k_1_and_temperature_0_sample_the_greedy_output(copy_model, copy_sou
     greedy = decode(greedy_search, copy_model, copy_sources)
     for seed, settings in [(0, dict(top_k=1)), (1, dict(top_k=1, temperature=5.0)),
                            (2, dict(temperature=0.0))]:
-        sampled = decode(sample_search, copy_model, copy_sources, seed=seed, num_samples=3,
+        sampled = decode(sample_search, copy_model, copy_sources, seed=seed, num_hypotheses=3,
                          **settings)
         assert sampled.ids.shape[:2] == (len(copy_sources), 3)
         for k in range(3):
@@ -114,7 +111,7 @@ def test_top_k_1_and_temperature_0_sample_the_greedy_output(copy_model, copy_sou
 
 def test_a_seed_gives_the_same_samples_and_another_seed_others(copy_model):
     batch = copy_batch(np.random.default_rng(5), batch=8)
-    first, again, other = (decode(sample_search, copy_model, batch, seed=seed, num_samples=2,
+    first, again, other = (decode(sample_search, copy_model, batch, seed=seed, num_hypotheses=2,
                                   temperature=3.0) for seed in (11, 11, 12))
     np.testing.assert_array_equal(first.ids, again.ids)
     assert not np.array_equal(first.ids, other.ids)
@@ -149,20 +146,20 @@ def restricted_sets(model, source_ids, result, temperature):
 def test_every_sampled_token_lies_in_the_top_k_and_top_p_sets(copy_model):
     batch = copy_batch(np.random.default_rng(6), batch=16)
     temperature = 3.0
-    unrestricted = decode(sample_search, copy_model, batch, seed=7, num_samples=4,
+    unrestricted = decode(sample_search, copy_model, batch, seed=7, num_hypotheses=4,
                           temperature=temperature)
     ranks, _ = restricted_sets(copy_model, batch, unrestricted, temperature)
     assert np.any(ranks >= 3), "the test needs samples outside the top 3 when unrestricted"
-    top_k = decode(sample_search, copy_model, batch, seed=7, num_samples=4,
+    top_k = decode(sample_search, copy_model, batch, seed=7, num_hypotheses=4,
                    temperature=temperature, top_k=3)
     ranks, _ = restricted_sets(copy_model, batch, top_k, temperature)
     assert np.all(ranks < 3) and np.any(ranks > 0)
-    top_p = decode(sample_search, copy_model, batch, seed=7, num_samples=4,
+    top_p = decode(sample_search, copy_model, batch, seed=7, num_hypotheses=4,
                    temperature=temperature, top_p=0.5)
     ranks, before = restricted_sets(copy_model, batch, top_p, temperature)
     # Inside the nucleus: the tokens ranked before it fall short of top_p.
     assert np.all((before < 0.5 + 1e-4) | (ranks == 0)) and np.any(ranks > 0)
-    both = decode(sample_search, copy_model, batch, seed=7, num_samples=4,
+    both = decode(sample_search, copy_model, batch, seed=7, num_hypotheses=4,
                   temperature=temperature, top_k=2, top_p=0.9)
     ranks, before = restricted_sets(copy_model, batch, both, temperature)
     assert np.all(ranks < 2) and np.all((before < 0.9 + 1e-4) | (ranks == 0))
@@ -209,7 +206,7 @@ def test_nucleus_keeps_the_sets_a_full_sort_gives(rows, top_k, top_p):
 
 
 def test_sampled_log_probs_are_the_models_at_temperature_1(copy_model, copy_sources):
-    result = decode(sample_search, copy_model, copy_sources, seed=4, num_samples=2,
+    result = decode(sample_search, copy_model, copy_sources, seed=4, num_hypotheses=2,
                     temperature=2.0)
     np.testing.assert_allclose(recomputed_log_probs(copy_model, copy_sources, result),
                                result.log_probs, atol=1e-4)
@@ -223,8 +220,8 @@ def test_a_sentences_samples_depend_on_its_seed_not_on_the_rest_of_the_batch(cop
     batch = copy_batch(np.random.default_rng(8), batch=6)
     seeds = np.arange(100, 106)
     function = tf.function(
-        lambda ids, seeds: sample_search(TransformerStep(copy_model, ids), DecodeConfig(),
-                                         seeds, num_samples=2, temperature=3.0),
+        lambda ids, seeds: sample_search(TransformerStep(copy_model, ids), DecodeConfig(
+            seed=seeds, num_hypotheses=2, temperature=3.0)),
         input_signature=ANY_IDS + [tf.TensorSpec([None], tf.int64)])
     whole = function(batch, seeds)
     order = [4, 1, 5]

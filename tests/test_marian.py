@@ -7,6 +7,7 @@ of Hugging Face Transformers' MarianMTModel (and of CTranslate2's own
 TransformersConverter) on them, made by make_fixtures.py there (torch is not needed
 here)."""
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -115,7 +116,8 @@ def test_the_model_directorys_search_gives_generates_outputs(converted):
         reference["generate"]["num_beams"], reference["generate"]["length_penalty"],
         reference["generate"]["max_length"])
     sources = padded([converted.our_source_ids(p) for p in reference["source_pieces"]])
-    result = beam_search(TransformerStep(converted.model, sources), decode, num_hypotheses=1)
+    result = beam_search(TransformerStep(converted.model, sources),
+                         dataclasses.replace(decode, num_hypotheses=1))
     pieces = [[converted.target_pieces[i] for i in row if i not in (PAD_ID, EOS_ID)]
               for row in result.ids[:, 0].numpy()]
     assert pieces == reference["generate"]["pieces"]

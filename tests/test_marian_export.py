@@ -229,7 +229,8 @@ def test_transformers_loads_a_trained_model_with_its_logits_and_its_beam_outputs
                              length_penalty="average", stopping="transformers",
                              max_length=settings["max_length"],
                              max_extra_length=settings["max_length"])
-    result = beam_search(TransformerStep(model, source_ids), generates, num_hypotheses=1)
+    result = beam_search(TransformerStep(model, source_ids),
+                         dataclasses.replace(generates, num_hypotheses=1))
     found = [t.decode() for t in tokenizers.target.detokenize(result.ids[:, 0]).numpy()]
     assert sum(a == b for a, b in zip(found, expected)) >= 0.8 * len(inputs)
 
@@ -240,8 +241,8 @@ def test_transformers_loads_a_trained_model_with_its_logits_and_its_beam_outputs
     back = layout.restore_model(str(tmp_path / "back"))
     back_tokenizers = vocabulary.load_or_train(str(tmp_path / "back"), None)
     back_sources = tf.ragged.constant(_ids(back_tokenizers.source, inputs, eos=True))
-    result = beam_search(TransformerStep(back, back_sources.to_tensor()), decode,
-                         num_hypotheses=1)
+    result = beam_search(TransformerStep(back, back_sources.to_tensor()),
+                         dataclasses.replace(decode, num_hypotheses=1))
     found = [t.decode() for t in back_tokenizers.target.detokenize(result.ids[:, 0]).numpy()]
     assert found == expected
 

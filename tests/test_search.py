@@ -73,7 +73,8 @@ def beams(step, max_lengths, target_prefix=None, fixed_shapes=False, num_hypothe
     `settings`, as numpy."""
     step = step.for_sentences(max_lengths, target_prefix, fixed_shapes)
     settings.setdefault("stopping", "exact")  # the rule the reference searches are
-    result = beam_search(step, DecodeConfig(max_extra_length=0, **settings), num_hypotheses)
+    result = beam_search(step, DecodeConfig(max_extra_length=0, num_hypotheses=num_hypotheses,
+                                            **settings))
     return tf.nest.map_structure(lambda t: t.numpy(), result)
 
 
@@ -220,7 +221,7 @@ def test_the_transformers_stopping_rule_stops_on_a_guess_the_exact_one_does_not_
              for stopping in ("exact", "transformers")}
     assert found["exact"] == [((4, EOS_ID), pytest.approx(np.log(0.4 * 0.999) / 2))]
     assert found["transformers"] == [((EOS_ID,), pytest.approx(np.log(0.5)))]
-    with pytest.raises(ValueError, match="unknown stopping 'never'; choose one of exact, "
+    with pytest.raises(ValueError, match="stopping must be one of exact, "
                        "transformers"):
         beams(step, [WIDTH], beam_size=1, stopping="never")
 
@@ -254,7 +255,7 @@ def test_one_exact_hypothesis_stops_as_soon_as_it_is_certain():
     assert step.calls == 1 < calls_all
     assert hypotheses(best_only)[0] == hypotheses(all_exact)[0] == \
         ((EOS_ID,), pytest.approx(np.log(0.9)))
-    with pytest.raises(ValueError, match="num_hypotheses must be in 1..beam_size=2, got 3"):
+    with pytest.raises(ValueError, match=r"num_hypotheses must be in \[1, beam_size=2\], got 3"):
         beams(step, [WIDTH], beam_size=2, num_hypotheses=3)
 
 

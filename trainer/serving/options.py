@@ -1,167 +1,206 @@
-"""The signatures whose clients choose the search per request: `translate_with_options`
-(beam size, length penalty, output length, hypotheses, stopping rule and patience, a
-forced output prefix) and `sample` (temperature, top-k, nucleus). Each checks its options
-inside the graph, so a bad request fails with one InvalidArgument naming the option and
-its range.
+"""The signatures whose clients choose the search per request, per sentence:
+`translate_with_options` (beam search) and `sample` (random sampling).
+
+Their option inputs are the request options of keras_transformer.config.DecodeConfig
+(`Option.request`), one input per option of the signature's search, named and typed by
+its declaration, in declaration order, after `inputs` and `target_prefix` (tf.string
+[batch]). Each option input has unknown rank: a [batch] vector gives each sentence its
+own value, a scalar is every sentence's (that form cannot be merged by a server's
+batching). A server with batching on merges requests along dimension 0, so one call may
+hold rows of different options: the search keeps each row to its own
+(keras_transformer.beam_search), and the options are checked per row. A row out of its
+range does not fail the call: its `error` output names the option, its range and its
+value, its translations are "" and its scores -inf, and the other rows answer as alone.
 """
 
 import dataclasses
+import inspect
+from typing import Dict, Tuple
 
 import tensorflow as tf
 
 from keras_transformer import sample_search
-from keras_transformer.config import STOPPING_RULES, DecodeConfig
+from keras_transformer.config import OPTIONS, DecodeConfig
+from keras_transformer.options import BEAM, SAMPLE, Option, option, options_of
+
+_NEG_INF = float("-inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingLimits:
+    """What an export allows a request, apart from how the library searches: the bounds
+    of its options that bound a request's work and output."""
+
+    max_beam_size: int = option(
+        8, int, "The largest beam_size (and number of samples) a request may ask of the "
+        "translate_with_options and sample signatures.", low=1)
+
+    def __post_init__(self):
+        for declared in options_of(ServingLimits):
+            declared.check(getattr(self, declared.name))
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "ServingLimits":
+        """The limits among `fields` (an export's export.json, a model directory's
+        decode settings); the others are ignored, missing ones take their defaults."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in fields.items() if k in names})
+
+
+LIMITS = options_of(ServingLimits)
+# The signature of each search, and the search of each signature.
+SIGNATURES = {"translate_with_options": BEAM, "sample": SAMPLE}
+
+
+def request_options(signature: str) -> Tuple[Option, ...]:
+    """The option inputs of `signature` (translate_with_options or sample), in order."""
+    return tuple(o for o in OPTIONS if o.request and SIGNATURES[signature] in o.searches)
+
+
+def input_specs(signature: str) -> list:
+    """The TensorSpecs of `signature`'s inputs: inputs and target_prefix tf.string
+    [batch], then each option of unknown rank (a scalar, or [batch])."""
+    return [tf.TensorSpec([None], tf.string, name="inputs"),
+            tf.TensorSpec([None], tf.string, name="target_prefix")] + [
+        tf.TensorSpec(None, o.tf_dtype, name=o.name) for o in request_options(signature)]
+
+
+def request_inputs(signature: str, decode: DecodeConfig, batch: int = None,
+                   **values) -> Dict[str, tf.Tensor]:
+    """The option inputs of `signature` that ask for `decode`'s settings, `values` on top
+    (num_hypotheses unset: 1): scalars, or [batch] vectors when batch is given, the form
+    a server with batching on merges."""
+    given = {**decode.to_dict(), **values}
+    if given["num_hypotheses"] is None:
+        given["num_hypotheses"] = 1
+    shape = [] if batch is None else [batch]
+    return {o.name: tf.fill(shape, tf.constant(given[o.name], o.tf_dtype))
+            for o in request_options(signature)}
+
+
+# A row out of range searches with these instead, on an emptied input: one token (EOS).
+_SAFE = {"beam_size": 1, "num_hypotheses": 1, "max_extra_length": 0, "min_length": 0}
 
 
 class OptionSignatures:
     """The option signatures of `trainer.serving.translator.Translator`, which provides
-    what they use: decode, source_ids, prefix_ids, step, search and _hypotheses."""
+    what they use: decode, limits, source_ids, prefix_ids, step, search and _hypotheses."""
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
-                                  tf.TensorSpec([None], tf.string),
-                                  tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.float32),
-                                  tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
-                                  tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.float32)],
-                 autograph=False)
-    def translate_with_options(self, inputs, target_prefix, beam_size, alpha,
-                               max_extra_length, num_hypotheses, stopping, patience):
-        """Beam search with the client's settings, from one trace: `translate` (the
-        export's DecodeConfig and num_hypotheses 1) or `nbest` per request, greedy search
-        (beam_size 1, alpha 0), and a forced start of the output.
+    def _with_options(self, inputs, target_prefix, **options):
+        """Beam search with each row's own settings, from one trace: `translate` (the
+        export's settings and num_hypotheses 1) or `nbest` per request, greedy search
+        (beam_size 1, alpha 0), a forced start of the output (target_prefix: the words a
+        translator has typed, "" for none; its pieces are forced, scored by the model
+        and the search goes on from them; a prefix longer than the output may be is cut).
 
-        Inputs:
-          inputs: tf.string [batch].
-          target_prefix: tf.string [batch], the start each translation must have (the
-            words a translator has typed), "" for none. Its pieces are forced, scored by
-            the model (their log-probabilities count in log_probs) and the search goes on
-            from them; a prefix longer than the output may be is cut.
-          beam_size: int32 scalar, 1 to max_beam_size.
-          alpha: float32 scalar, the length penalty exponent, >= 0 (0: none).
-          max_extra_length: int32 scalar >= 0: outputs have at most (source pieces + 1 +
-            max_extra_length) tokens with EOS (section 6.1: input + 50), and at most
-            config.max_length - 1.
-          num_hypotheses: int32 scalar, 1 to beam_size: the best hypotheses returned.
-          stopping: tf.string scalar, when a sentence is done: "exact", "transformers"
-            or "first" (keras_transformer.config.STOPPING_RULES).
-          patience: float32 scalar > 0: with stopping "first", the finished hypotheses
-            a sentence waits for, as a multiple of beam_size.
-        Returns {"translations": tf.string [batch, num_hypotheses], best first; "scores",
-          "log_probs": float32 [batch, num_hypotheses], as `nbest`}. An option out of its
-          range fails the call with InvalidArgument naming it and the range; an empty
-          input gives empty translations scoring 0.
+        Inputs: inputs, target_prefix tf.string [batch]; the options of
+          request_options("translate_with_options"), each a scalar or [batch].
+        Returns {"translations": tf.string [batch, k], best first, k the batch's largest
+          num_hypotheses; "scores", "log_probs": float32 [batch, k], as `nbest`;
+          "error": tf.string [batch], "" or the row's option out of range}. Past a row's
+          own num_hypotheses, and on a row out of range: "" and -inf. An empty input
+          gives empty translations scoring 0.
         """
-        checks = [
-            _check_range("beam_size", beam_size, 1, self.decode.max_beam_size),
-            _check_range("num_hypotheses", num_hypotheses, 1, beam_size, "beam_size"),
-            _check_range("max_extra_length", max_extra_length, 0),
-            _check_range("alpha", alpha, 0.0),
-            _check_range("patience", patience, 0.0, low_included=False),
-            _check_stopping(stopping),
-            _check_same_batch(inputs, target_prefix)]
-        (beam_size, alpha, max_extra_length, num_hypotheses, stopping, patience, inputs,
-         target_prefix) = _after(checks, beam_size, alpha, max_extra_length, num_hypotheses,
-                                 stopping, patience, inputs, target_prefix)
-        decode = dataclasses.replace(self.decode, beam_size=beam_size, alpha=alpha,
-                                     max_extra_length=max_extra_length, stopping=stopping,
-                                     patience=patience)
+        rows, error, inputs, target_prefix = self._rows("translate_with_options", inputs,
+                                                        target_prefix, options)
+        decode = dataclasses.replace(self.decode, **rows)
         source_ids = self.source_ids(inputs)
-        result = self.search(source_ids, num_hypotheses, decode,
-                             self.prefix_ids(target_prefix))
-        return self._hypotheses(source_ids, result, num_hypotheses)
+        result = self.search(source_ids, decode, self.prefix_ids(target_prefix))
+        return self._answers(source_ids, result, rows["num_hypotheses"], error)
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
-                                  tf.TensorSpec([None], tf.string),
-                                  tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
-                                  tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int32),
-                                  tf.TensorSpec([], tf.float32), tf.TensorSpec([], tf.int64)],
-                 autograph=False)
-    def sample(self, inputs, target_prefix, num_hypotheses, max_extra_length, temperature,
-               top_k, top_p, seed):
+    def _sample(self, inputs, target_prefix, **options):
         """Random translations (back-translation, diverse outputs): each token drawn from
         the model's distribution (keras_transformer.sample_search), over the whole
-        vocabulary (never the export's shortlist).
+        vocabulary (never the export's shortlist), with each row's own settings.
 
-        Inputs:
-          inputs, target_prefix, max_extra_length: as `translate_with_options`.
-          num_hypotheses: int32 scalar, samples per input, 1 to max_beam_size.
-          temperature: float32 scalar >= 0; 0 takes the most probable token (greedy).
-          top_k: int32 scalar >= 0, sample among the k most probable tokens; 0: all.
-          top_p: float32 scalar in (0, 1], sample within the smallest set of most probable
-            tokens whose probability reaches top_p (nucleus sampling); 1: all.
-          seed: int64 scalar. The same seed, input and prefix give the same samples in
-            any process, thread or batch (each input is seeded by a hash of the three);
-            another seed gives others.
-        Returns {"translations": tf.string [batch, num_hypotheses], each input's samples
-          sorted by score; "scores", "log_probs": float32 [batch, num_hypotheses], the
-          model's log P(translation | input) (at temperature 1) and that divided by the
-          export's length penalty}. Errors and empty inputs as `translate_with_options`.
+        Inputs: inputs, target_prefix tf.string [batch], as translate_with_options; the
+          options of request_options("sample"), each a scalar or [batch]: num_hypotheses
+          samples per input, 1 to max_beam_size. The same seed, input and prefix give the
+          same samples in any process, thread or batch (each input is seeded by a hash of
+          the three); another seed gives others.
+        Returns as translate_with_options: the samples sorted by score; "scores" and
+          "log_probs": the model's log P(translation | input) (at temperature 1) divided
+          by the export's length penalty, and not.
         """
-        checks = [
-            _check_range("num_hypotheses", num_hypotheses, 1, self.decode.max_beam_size),
-            _check_range("max_extra_length", max_extra_length, 0),
-            _check_range("temperature", temperature, 0.0),
-            _check_range("top_k", top_k, 0),
-            _check_range("top_p", top_p, 0.0, 1.0, low_included=False),
-            _check_same_batch(inputs, target_prefix)]
-        num_hypotheses, max_extra_length, temperature, top_k, top_p, inputs, target_prefix = \
-            _after(checks, num_hypotheses, max_extra_length, temperature, top_k, top_p, inputs,
-                   target_prefix)
+        rows, error, inputs, target_prefix = self._rows("sample", inputs, target_prefix,
+                                                        options)
         source_ids = self.source_ids(inputs)
         # A seed per input, so that server-side batching does not change its samples.
-        seeds = tf.strings.to_hash_bucket_fast(
-            tf.strings.join([tf.strings.as_string(seed), inputs, target_prefix], "\x00"),
-            2**62)
+        rows["seed"] = tf.strings.to_hash_bucket_fast(
+            tf.strings.join([tf.strings.as_string(rows["seed"]), inputs, target_prefix],
+                            "\x00"), 2**62)
         result = sample_search(
             self.step(source_ids, self.prefix_ids(target_prefix), shortlist=False),
-            dataclasses.replace(self.decode, max_extra_length=max_extra_length), seeds,
-            num_hypotheses, temperature, top_k, top_p)
-        return self._hypotheses(source_ids, result, num_hypotheses)
+            dataclasses.replace(self.decode, **rows))
+        return self._answers(source_ids, result, rows["num_hypotheses"], error)
+
+    def _rows(self, signature, inputs, target_prefix, options):
+        """(each option as [batch] with the rows out of range at _SAFE's, the rows'
+        errors tf.string [batch], inputs and target_prefix with those rows emptied)."""
+        tf.debugging.assert_equal(
+            tf.shape(inputs), tf.shape(target_prefix),
+            message="target_prefix must have one entry per input (\"\" for none)")
+        batch = tf.shape(inputs)[0]
+        rows = {name: _per_row(name, value, batch) for name, value in options.items()}
+        # Sampling's beam is its samples: at most max_beam_size of them.
+        bounds = {"max_beam_size": self.limits.max_beam_size,
+                  "beam_size": rows["beam_size"] if "beam_size" in rows
+                  else self.limits.max_beam_size}
+        error = tf.fill([batch], "")
+        for declared in request_options(signature):
+            ok, message = declared.check_rows(rows[declared.name], bounds,
+                                              named=("beam_size",) if "beam_size" in rows
+                                              else ())
+            error = tf.where((error == "") & ~ok, message, error)
+        bad = error != ""
+        safe = {**DecodeConfig().to_dict(), **_SAFE}
+        rows = {name: tf.where(bad, tf.constant(safe[name], value.dtype), value)
+                for name, value in rows.items()}
+        return rows, error, tf.where(bad, "", inputs), tf.where(bad, "", target_prefix)
+
+    def _answers(self, source_ids, result, wanted, error):
+        """The signatures' outputs of a search's DecodeResult: each row's first wanted
+        [batch] hypotheses of the batch's largest, "" and -inf past them and on the rows
+        of `error`, and error itself."""
+        k = tf.reduce_max(tf.concat([wanted, [1]], 0))
+        out = self._hypotheses(source_ids, result, k)
+        padding = (tf.range(k)[None, :] >= wanted[:, None]) | (error != "")[:, None]
+        return {"translations": tf.where(padding, "", out["translations"]),
+                "scores": tf.where(padding, _NEG_INF, out["scores"]),
+                "log_probs": tf.where(padding, _NEG_INF, out["log_probs"]),
+                "error": error}
 
 
-def request_options(decode: DecodeConfig, num_hypotheses: int = 1) -> dict:
-    """translate_with_options' scalar inputs that ask for `decode`'s search, num_hypotheses
-    best (the length penalty's form and max_length are always the export's own)."""
-    return {"beam_size": tf.constant(decode.beam_size, tf.int32),
-            "alpha": tf.constant(decode.alpha, tf.float32),
-            "max_extra_length": tf.constant(decode.max_extra_length, tf.int32),
-            "num_hypotheses": tf.constant(num_hypotheses, tf.int32),
-            "stopping": tf.constant(decode.stopping),
-            "patience": tf.constant(decode.patience, tf.float32)}
+def _per_row(name, value, batch):
+    """An option input (a scalar or [batch]) as [batch]; any other shape fails the call
+    with InvalidArgument naming it."""
+    rank, size = tf.rank(value), tf.size(value)
+    fits = tf.debugging.Assert(
+        (rank == 0) | ((rank == 1) & (size == batch)),
+        [f"{name} must be a scalar or hold one value per input; its shape:", tf.shape(value),
+         "inputs:", batch])
+    with tf.control_dependencies([fits]):
+        return tf.broadcast_to(tf.reshape(value, [-1]), [batch])
 
 
-def _check_range(name, value, low, high=None, high_name=None, low_included=True):
-    """An assertion that the scalar option `value` is finite and lies in [low, high]
-    ((low, high] when not low_included; no upper bound when high is None). Its
-    InvalidArgument message names the option, the range and the value."""
-    within = value >= low if low_included else value > low
-    if high is not None:
-        within &= value <= high
-    if value.dtype.is_floating:
-        within &= tf.math.is_finite(value)
-    opening = "[" if low_included else "("
-    closing = (f"{high_name}=" if high_name else "") + "{}]" if high is not None else "inf)"
-    message = tf.strings.format(f"{name} must be in {opening}{low}, {closing}, got {{}}",
-                                [high, value] if high is not None else [value])
-    return tf.debugging.Assert(within, [message])
+def _signature(signature: str, body):
+    """The tf.function of `signature`, body(self, inputs, target_prefix, **options) with
+    the inputs of `input_specs`: one parameter per declared option."""
+    names = ["inputs", "target_prefix"] + [o.name for o in request_options(signature)]
+    parameters = inspect.Signature(
+        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+         for name in ["self"] + names])
+
+    def method(*args, **kwargs):
+        arguments = parameters.bind(*args, **kwargs).arguments
+        return body(arguments.pop("self"), **arguments)
+
+    method.__signature__ = parameters
+    method.__name__ = signature
+    method.__doc__ = body.__doc__
+    return tf.function(method, input_signature=input_specs(signature), autograph=False)
 
 
-def _after(checks, *tensors):
-    """The tensors, read only once every assertion in `checks` has passed: no op sees an
-    option out of its range (tf.fill would fail first, with a message naming nothing)."""
-    with tf.control_dependencies(checks):
-        return [tf.identity(t) for t in tensors]
-
-
-def _check_stopping(stopping):
-    """An assertion that `stopping` (tf.string scalar) names a rule."""
-    known = tf.reduce_any(tf.equal(stopping, list(STOPPING_RULES)))
-    message = tf.strings.join([f"stopping must be one of {', '.join(STOPPING_RULES)}, got ",
-                               stopping])
-    return tf.debugging.Assert(known, [message])
-
-
-def _check_same_batch(inputs, target_prefix):
-    """An assertion that there is one target prefix per input."""
-    return tf.debugging.assert_equal(
-        tf.shape(inputs), tf.shape(target_prefix),
-        message="target_prefix must have one entry per input (\"\" for none)")
+OptionSignatures.translate_with_options = _signature("translate_with_options",
+                                                     OptionSignatures._with_options)
+OptionSignatures.sample = _signature("sample", OptionSignatures._sample)

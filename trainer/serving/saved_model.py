@@ -23,13 +23,12 @@ five, options.py translate_with_options and sample, xla.py translate_xla):
   nbest            inputs tf.string [batch] -> translations tf.string [batch, beam],
                    scores float32 [batch, beam], log_probs float32 [batch, beam]
   translate_with_options
-                   inputs, target_prefix tf.string [batch], beam_size int32 [],
-                   alpha float32 [], max_extra_length int32 [], num_hypotheses int32 []
-                   -> translations tf.string [batch, num_hypotheses], scores, log_probs
-                   float32 [batch, num_hypotheses]
-  sample           inputs, target_prefix tf.string [batch], num_hypotheses int32 [],
-                   max_extra_length int32 [], temperature float32 [], top_k int32 [],
-                   top_p float32 [], seed int64 [] -> as translate_with_options
+                   inputs, target_prefix tf.string [batch], then beam search's request
+                   options (beam_size, alpha, ...: trainer/serving/options.py), each a
+                   scalar or [batch], one per input -> translations tf.string [batch, k],
+                   scores, log_probs float32 [batch, k], error tf.string [batch]
+  sample           inputs, target_prefix tf.string [batch], then sampling's request
+                   options (num_hypotheses, ..., seed) -> as translate_with_options
   score            inputs, targets tf.string [batch] -> log_probs, scores float32 [batch],
                    lengths int32 [batch]
   attention        inputs tf.string [batch] -> translations, source_pieces, output_pieces,
@@ -56,6 +55,7 @@ from trainer.data import vocabulary
 from trainer.model_dir import files, layout
 from trainer.model_dir.weights import WeightsChoice, final_model
 from trainer.serving import calibration, warmup, xla
+from trainer.serving.options import ServingLimits
 from trainer.serving.shortlist import ShortlistChoice
 from trainer.serving.translator import Translator
 
@@ -75,9 +75,10 @@ class Options:
     Attributes:
       weights: which weights the export ships.
       decode: the search of every signature: serving_default's beam size and length
-        penalty (and the other fixed signatures'), the largest beam translate_with_options
-        and sample accept; None: the model directory's (config.json's "decode", else the
-        paper's).
+        penalty (and the other fixed signatures'); None: the model directory's
+        (config.json's "decode", else the paper's).
+      limits: what a request may ask of translate_with_options and sample (the largest
+        beam).
       serving_dtype: one of SERVING_DTYPES, or AUTO. "float32"; "bfloat16": weights and
         activations in bfloat16, attention softmax, log-probs and scores in float32
         (bfloat16 weights rather than float32 ones cast at every decoding step, Keras'
@@ -98,6 +99,7 @@ class Options:
 
     weights: WeightsChoice = dataclasses.field(default_factory=WeightsChoice)
     decode: Optional[DecodeConfig] = None
+    limits: ServingLimits = dataclasses.field(default_factory=ServingLimits)
     serving_dtype: str = "float32"
     xla: bool = False
     shortlist: ShortlistChoice = dataclasses.field(default_factory=ShortlistChoice)
@@ -209,7 +211,7 @@ def build_translator(model_dir: str, options: Options = Options()
                                        by_source=tf.Variable(shortlist.by_source,
                                                              trainable=False))
     return Translator(model, tokenizers, decode, step_weights=step_weights,
-                      shortlist=shortlist), paths
+                      shortlist=shortlist, limits=options.limits), paths
 
 
 def _servable(translator: Translator) -> tf.Module:
@@ -260,6 +262,7 @@ def write(model_dir: str, export_dir: str, path: str, options: Options) -> dict:
         signatures[xla.SIGNATURE] = route.translate.get_concrete_function()
     info = {"model_dir": os.path.abspath(model_dir), "checkpoints": checkpoints,
             "weights": options.weights.kind, **translator.decode.to_dict(),
+            **dataclasses.asdict(translator.limits),
             "serving_dtype": options.serving_dtype,
             "calibration": options.calibration or None,
             "shortlist": options.shortlist.describe() if options.shortlist.paths else None,
@@ -268,7 +271,8 @@ def write(model_dir: str, export_dir: str, path: str, options: Options) -> dict:
     extra = os.path.join(path, "assets.extra")
     tf.io.gfile.makedirs(extra)
     warmup.write(os.path.join(extra, warmup.FILE),
-                 os.path.basename(os.path.abspath(export_dir)), translator.decode)
+                 os.path.basename(os.path.abspath(export_dir)), translator.decode,
+                 translator.limits)
     return info
 
 

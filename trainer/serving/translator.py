@@ -8,22 +8,24 @@ are the SavedModel's signatures (trainer/serving/saved_model.py):
   translate_ids  int32 [batch, src_len] -> ids int32 [batch, width], lengths, scores
   nbest          tf.string [batch] -> translations tf.string [batch, beam], scores, log_probs
   translate_with_options
-                 inputs, target_prefix tf.string [batch]; beam_size, alpha, max_extra_length,
-                 num_hypotheses scalars -> translations tf.string [batch, num_hypotheses],
-                 scores, log_probs
-  sample         inputs, target_prefix tf.string [batch]; num_hypotheses, max_extra_length,
-                 temperature, top_k, top_p, seed scalars -> as translate_with_options
+                 inputs, target_prefix tf.string [batch]; the beam search's request
+                 options (trainer/serving/options.py), each a scalar or [batch] ->
+                 translations tf.string [batch, num_hypotheses], scores, log_probs, error
+  sample         inputs, target_prefix tf.string [batch]; sampling's request options ->
+                 as translate_with_options
   score          (tf.string [batch], tf.string [batch]) -> log_probs, scores, lengths
   attention      tf.string [batch] -> pieces and attention weights (paper section 3.2, 4)
 
 (translate_with_options and sample are in trainer/serving/options.py.)
 
 Every one of them gives one result per input whatever the input (only `score` rejects a
-call whose inputs and targets differ in number, and the options signatures options out of
-their range): empty or whitespace-only text translates to "", text longer than the model's
+call whose inputs and targets differ in number; the options signatures answer a row whose
+options are out of range with its `error`): empty or whitespace-only text translates to "", text longer than the model's
 positions is truncated, invalid UTF-8 is replaced by U+FFFD, and outputs have at most
 config.max_length - 1 tokens.
 """
+
+import dataclasses
 
 import tensorflow as tf
 
@@ -32,7 +34,7 @@ from keras_transformer import (DecodeConfig, Transformer, TransformerStep, beam_
 from keras_transformer.special_ids import EOS_ID, PAD_ID, UNK_ID
 from trainer.data import punctuation
 from trainer.data.tokenizer import Tokenizers
-from trainer.serving.options import OptionSignatures
+from trainer.serving.options import OptionSignatures, ServingLimits
 
 _NEG_INF = float("-inf")
 
@@ -43,9 +45,10 @@ class Translator(OptionSignatures, tf.Module):
     Args:
       model: the Transformer.
       tokenizers: its source and target tokenizers.
-      decode: the search: the fixed signatures' beam size, alpha and extra length, and
-        the largest beam (and number of samples) a client may ask of
-        translate_with_options and sample.
+      decode: the search: the fixed signatures' settings, and the defaults of
+        translate_with_options' and sample's rows out of range.
+      limits: what a request may ask of translate_with_options and sample
+        (trainer.serving.options.ServingLimits).
       use_cache: incremental decoding with the key/value cache (False recomputes the
         whole prefix every step; for benchmarks).
       step_weights: what every search's steps read, made once (int8:
@@ -57,7 +60,7 @@ class Translator(OptionSignatures, tf.Module):
 
     def __init__(self, model: Transformer, tokenizers: Tokenizers,
                  decode: DecodeConfig = DecodeConfig(), use_cache: bool = True,
-                 step_weights=None, shortlist=None):
+                 step_weights=None, shortlist=None, limits: ServingLimits = ServingLimits()):
         super().__init__(name="translator")
         self.model = model
         self.step_weights = step_weights
@@ -66,6 +69,7 @@ class Translator(OptionSignatures, tf.Module):
         self.target_tokenizer = tokenizers.target
         self.normalize_punctuation = tokenizers.normalize_punctuation
         self.decode = decode
+        self.limits = limits
         self.use_cache = use_cache
 
     def source_ids(self, inputs):
@@ -105,12 +109,13 @@ class Translator(OptionSignatures, tf.Module):
                                weights=self.step_weights,
                                shortlist=self.shortlist if shortlist else None)
 
-    def search(self, source_ids, num_hypotheses=1, decode=None, target_prefix=None):
-        """Beam search with `decode`'s settings (default: the export's), whose first
-        num_hypotheses outputs are what its rule finds (1: the signatures that return only
-        the best translation stop as soon as it is certain)."""
-        return beam_search(self.step(source_ids, target_prefix), decode or self.decode,
-                           num_hypotheses)
+    def search(self, source_ids, decode=None, target_prefix=None):
+        """Beam search with `decode`'s settings (default: the export's, with
+        num_hypotheses 1: the signatures that return only the best translation stop as
+        soon as it is certain)."""
+        if decode is None:
+            decode = dataclasses.replace(self.decode, num_hypotheses=1)
+        return beam_search(self.step(source_ids, target_prefix), decode)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def translate(self, inputs):
@@ -159,7 +164,8 @@ class Translator(OptionSignatures, tf.Module):
         An empty input gives k empty translations scoring 0.
         """
         source_ids = self.source_ids(inputs)
-        result = self.search(source_ids, num_hypotheses=self.decode.beam_size)
+        result = self.search(source_ids, dataclasses.replace(
+            self.decode, num_hypotheses=self.decode.beam_size))
         return self._hypotheses(source_ids, result, self.decode.beam_size)
 
     def _hypotheses(self, source_ids, result, k):

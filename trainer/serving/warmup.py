@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from keras_transformer import DecodeConfig
 from trainer.serving import options
+from trainer.serving.options import ServingLimits
 
 SIGNATURES = ("serving_default", "translate_ids", "nbest", "score", "attention",
               "translate_with_options", "sample")
@@ -16,12 +17,15 @@ FILE = "tf_serving_warmup_requests"
 TEXTS = ("A man is riding a bicycle.", "", "twenty one")
 
 
-def requests(model_name: str, decode: DecodeConfig, texts: Sequence[str] = TEXTS):
+def requests(model_name: str, decode: DecodeConfig, limits: ServingLimits = ServingLimits(),
+             texts: Sequence[str] = TEXTS):
     """PredictRequest protos (tensorflow_serving.apis), one per signature, on `texts`,
-    asking the options signatures for the export's own settings (`decode`)."""
+    asking the options signatures for the export's own settings (`decode`), one value
+    per input: the form a server with batching on merges."""
     from tensorflow_serving.apis import predict_pb2
 
     texts = [t.encode("utf-8") for t in texts]
+    n = len(texts)
     inputs = {
         "serving_default": {"inputs": texts},
         # Pieces + EOS (3), an empty row, a shorter row.
@@ -34,13 +38,13 @@ def requests(model_name: str, decode: DecodeConfig, texts: Sequence[str] = TEXTS
         # as nbest does.
         "translate_with_options": {
             "inputs": texts, "target_prefix": [b"", b"", b"twenty"],
-            **options.request_options(decode, num_hypotheses=min(2, decode.beam_size))},
+            **options.request_inputs("translate_with_options", decode, n,
+                                     num_hypotheses=min(2, decode.beam_size))},
         "sample": {
             "inputs": texts, "target_prefix": [b"", b"", b"twenty"],
-            "num_hypotheses": tf.constant(min(2, decode.max_beam_size)),
-            "max_extra_length": tf.constant(decode.max_extra_length),
-            "temperature": tf.constant(1.0), "top_k": tf.constant(0),
-            "top_p": tf.constant(0.9), "seed": tf.constant(0, tf.int64)},
+            **options.request_inputs("sample", decode, n,
+                                     num_hypotheses=min(2, limits.max_beam_size),
+                                     temperature=1.0, top_k=0, top_p=0.9, seed=0)},
     }
     out = []
     for signature in SIGNATURES:
@@ -53,12 +57,13 @@ def requests(model_name: str, decode: DecodeConfig, texts: Sequence[str] = TEXTS
     return out
 
 
-def write(path: str, model_name: str, decode: DecodeConfig):
+def write(path: str, model_name: str, decode: DecodeConfig,
+          limits: ServingLimits = ServingLimits()):
     """Writes the warmup file: a TFRecord of PredictionLog protos."""
     from tensorflow_serving.apis import prediction_log_pb2
 
     with tf.io.TFRecordWriter(path) as writer:
-        for request in requests(model_name, decode):
+        for request in requests(model_name, decode, limits):
             log = prediction_log_pb2.PredictionLog(
                 predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())

@@ -9,6 +9,7 @@ costs one compile, seconds, on its first request; TF Serving runs the signature 
 XLA's CPU JIT enabled (--xla_cpu_compilation_enabled).
 """
 
+import dataclasses
 import tensorflow as tf
 
 from keras_transformer import TransformerStep, beam_search
@@ -57,4 +58,4 @@ class XlaRoute:
     def _compiled_search(self, source_ids):
         translator = self.translator
         step = TransformerStep(translator.model, source_ids, fixed_shapes=True)
-        return beam_search(step, translator.decode, num_hypotheses=1)
+        return beam_search(step, dataclasses.replace(translator.decode, num_hypotheses=1))
