@@ -4,6 +4,7 @@ generation settings, tests/test_marian.py), the default of every export, which a
 the command line overrides. The real programs (their main, in this process:
 programs.program), real files."""
 
+import dataclasses
 import json
 import shutil
 
@@ -58,8 +59,35 @@ def test_a_model_directory_without_settings_translates_with_the_papers(exported,
                                              max_length=2)
     # Its search keeps to them: 2 beams, outputs of max_length - 1 tokens: EOS alone.
     result = translator.search(translator.source_ids(
-        tf.constant(["three hundred and twenty-five thousand four hundred and one"])), 2)
+        tf.constant(["three hundred and twenty-five thousand four hundred and one"])),
+        dataclasses.replace(translator.decode, num_hypotheses=2))
     assert result.ids.shape[1] == 2 and result.lengths.numpy().max() == 1
+
+
+# "decode" as config.json held it when the largest beam a client may ask for was a field
+# of DecodeConfig.
+OLD_DECODE = {"beam_size": 3, "alpha": 1.0, "length_penalty": "average", "stopping": "first",
+              "patience": 1.5, "max_extra_length": 40, "max_length": None, "max_beam_size": 6}
+
+
+def test_a_model_directory_and_export_of_the_older_settings_still_load(exported, tmp_path):
+    from trainer.serving import saved_model
+    from trainer.serving.options import ServingLimits
+    model_dir = tmp_path / "older"
+    shutil.copytree(exported.model_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "decode": OLD_DECODE}))
+    translator, _ = saved_model.build_translator(str(model_dir))
+    assert translator.decode == DecodeConfig(**{k: v for k, v in OLD_DECODE.items()
+                                                if k != "max_beam_size"})
+    path = saved_model.export(str(model_dir), str(tmp_path / "export"))
+    info = saved_model.read_info(path)
+    assert info["max_beam_size"] == ServingLimits().max_beam_size
+    # An export.json of then (max_beam_size beside the search) reads as before.
+    old_info = {**{k: v for k, v in info.items() if k not in DecodeConfig().to_dict()},
+                **OLD_DECODE}
+    assert DecodeConfig.from_dict(old_info) == translator.decode
+    assert ServingLimits.from_dict(old_info) == ServingLimits(max_beam_size=6)
 
 
 def test_damaged_settings_are_one_line_naming_config_json(exported, tmp_path):

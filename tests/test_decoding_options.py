@@ -228,3 +228,82 @@ def test_a_sentences_samples_depend_on_its_seed_not_on_the_rest_of_the_batch(cop
     part = function(batch[order], seeds[order])
     np.testing.assert_array_equal(part.ids, whole.ids.numpy()[order])
     assert function(batch[:0], seeds[:0]).ids.shape[:2] == (0, 2)
+
+
+# Each sentence's own settings, as a batch of requests with different options brings them.
+ROWS = [dict(beam_size=1, alpha=0.0, max_extra_length=50, min_length=0, num_hypotheses=1,
+             stopping="exact", patience=1.0),
+        dict(beam_size=4, alpha=0.6, max_extra_length=2, min_length=0, num_hypotheses=3,
+             stopping="first", patience=1.0),
+        dict(beam_size=3, alpha=1.0, max_extra_length=50, min_length=6, num_hypotheses=2,
+             stopping="transformers", patience=1.0),
+        dict(beam_size=5, alpha=0.6, max_extra_length=50, min_length=0, num_hypotheses=5,
+             stopping="first", patience=2.0),
+        dict(beam_size=2, alpha=0.2, max_extra_length=1, min_length=3, num_hypotheses=1,
+             stopping="exact", patience=1.0),
+        dict(beam_size=4, alpha=0.6, max_extra_length=50, min_length=0, num_hypotheses=4,
+             stopping="exact", patience=1.0)]
+SAMPLE_ROWS = [dict(num_hypotheses=n, temperature=t, top_k=k, top_p=p, seed=s,
+                    max_extra_length=e, min_length=m)
+               for n, t, k, p, s, e, m in [(1, 1.0, 0, 1.0, 3, 50, 0), (3, 2.0, 5, 1.0, 4, 50, 0),
+                                           (2, 0.0, 0, 1.0, 5, 2, 0), (4, 1.5, 0, 0.6, 6, 50, 4),
+                                           (1, 1.0, 3, 0.9, 7, 50, 0), (2, 0.7, 1, 1.0, 8, 1, 2)]]
+DTYPES = {int: tf.int32, float: tf.float32, str: tf.string}
+
+
+def per_sentence(search, model, source_ids, rows):
+    """`search` with each setting a tensor [batch] of the rows' values, in one trace."""
+    names = sorted(rows[0])
+    specs = [tf.TensorSpec([None], tf.int64 if name == "seed" else DTYPES[type(rows[0][name])])
+             for name in names]
+    function = tf.function(
+        lambda ids, *values: search(TransformerStep(model, ids), DecodeConfig(
+            **{"stopping": "exact", **dict(zip(names, values))})),
+        input_signature=ANY_IDS + specs)
+    return tf.nest.map_structure(lambda t: t.numpy(), function(
+        source_ids, *[[row[name] for row in rows] for name in names]))
+
+
+def assert_each_sentence_as_alone(got, alone, i, n):
+    """Sentence i's first n hypotheses of `got` (a batch's) are alone's (its own search)."""
+    width = alone.ids.shape[2]
+    np.testing.assert_array_equal(got.ids[i, :n, :width], alone.ids[0, :n])
+    assert not got.ids[i, :n, width:].any()
+    np.testing.assert_array_equal(got.lengths[i, :n], alone.lengths[0, :n])
+    np.testing.assert_allclose(got.scores[i, :n], alone.scores[0, :n], atol=1e-5)
+    np.testing.assert_allclose(got.log_probs[i, :n], alone.log_probs[0, :n], atol=1e-5)
+
+
+def test_a_batch_of_per_sentence_settings_beam_searches_each_as_alone(copy_model,
+                                                                      copy_sources):
+    got = per_sentence(beam_search, copy_model, copy_sources, ROWS)
+    assert got.ids.shape[1] == max(row["beam_size"] for row in ROWS)
+    for i, row in enumerate(ROWS):
+        alone = decode(beam_search, copy_model, copy_sources[i:i + 1], **row)
+        assert_each_sentence_as_alone(got, alone, i, row["num_hypotheses"])
+    # min_length: the rows that have one end no sooner (EOS counted, a forced one aside).
+    for i, row in enumerate(ROWS):
+        limit = np.count_nonzero(copy_sources[i]) + row["max_extra_length"]
+        assert np.all(np.minimum(got.lengths[i, :row["num_hypotheses"]], limit) >=
+                      min(row["min_length"] + 1, limit))
+
+
+def test_a_batch_of_per_sentence_settings_samples_each_as_alone(copy_model, copy_sources):
+    got = per_sentence(sample_search, copy_model, copy_sources, SAMPLE_ROWS)
+    for i, row in enumerate(SAMPLE_ROWS):
+        alone = decode(sample_search, copy_model, copy_sources[i:i + 1], **row)
+        assert_each_sentence_as_alone(got, alone, i, row["num_hypotheses"])
+        assert np.all(got.scores[i, row["num_hypotheses"]:] == -np.inf)
+
+
+def test_min_length_keeps_eos_out_of_every_search_until_that_many_tokens(copy_model,
+                                                                          copy_sources):
+    for search in (greedy_search, beam_search, sample_search):
+        free = decode(search, copy_model, copy_sources)
+        wanted = int(free.lengths[:, 0].min()) + 3
+        got = decode(search, copy_model, copy_sources, min_length=wanted)
+        limits = np.count_nonzero(copy_sources, axis=1) + 50
+        live = got.scores > -np.inf
+        assert np.all(got.lengths[live] >= np.minimum(wanted + 1, limits[:, None].repeat(
+            got.lengths.shape[1], 1)[live])), search.__name__
+        assert got.lengths.min() > free.lengths.min()

@@ -40,20 +40,22 @@ SIGNATURES = {
                    "output_lengths": (tf.int32, [None]),
                    "encoder_self_attention": (tf.float32, [None, 2, 4, None, None]),
                    "encoder_decoder_attention": (tf.float32, [None, 2, 4, None, None])}),
+    # Each option: a scalar, or one value per input (unknown rank).
     "translate_with_options": (
         {"inputs": (tf.string, [None]), "target_prefix": (tf.string, [None]),
-         "beam_size": (tf.int32, []), "alpha": (tf.float32, []),
-         "max_extra_length": (tf.int32, []), "num_hypotheses": (tf.int32, []),
-         "stopping": (tf.string, []), "patience": (tf.float32, [])},
+         "beam_size": (tf.int32, None), "alpha": (tf.float32, None),
+         "max_extra_length": (tf.int32, None), "min_length": (tf.int32, None),
+         "num_hypotheses": (tf.int32, None), "stopping": (tf.string, None),
+         "patience": (tf.float32, None)},
         {"translations": (tf.string, [None, None]), "scores": (tf.float32, [None, None]),
-         "log_probs": (tf.float32, [None, None])}),
+         "log_probs": (tf.float32, [None, None]), "error": (tf.string, [None])}),
     "sample": (
         {"inputs": (tf.string, [None]), "target_prefix": (tf.string, [None]),
-         "num_hypotheses": (tf.int32, []), "max_extra_length": (tf.int32, []),
-         "temperature": (tf.float32, []), "top_k": (tf.int32, []), "top_p": (tf.float32, []),
-         "seed": (tf.int64, [])},
+         "num_hypotheses": (tf.int32, None), "max_extra_length": (tf.int32, None),
+         "min_length": (tf.int32, None), "temperature": (tf.float32, None),
+         "top_k": (tf.int32, None), "top_p": (tf.float32, None), "seed": (tf.int64, None)},
         {"translations": (tf.string, [None, None]), "scores": (tf.float32, [None, None]),
-         "log_probs": (tf.float32, [None, None])}),
+         "log_probs": (tf.float32, [None, None]), "error": (tf.string, [None])}),
 }
 
 
@@ -77,9 +79,14 @@ def test_signatures_take_and_give_the_documented_tensors(loaded):
     for name, (inputs, outputs) in SIGNATURES.items():
         signature = loaded.signatures[name]
         specs = signature.structured_input_signature[1]
-        assert {k: (v.dtype, v.shape.as_list()) for k, v in specs.items()} == inputs, name
+        assert {k: (v.dtype, _dims(v.shape)) for k, v in specs.items()} == inputs, name
         got = signature.structured_outputs
-        assert {k: (v.dtype, v.shape.as_list()) for k, v in got.items()} == outputs, name
+        assert {k: (v.dtype, _dims(v.shape)) for k, v in got.items()} == outputs, name
+
+
+def _dims(shape):
+    """A shape's dimensions, None for an unknown rank."""
+    return None if shape.rank is None else shape.as_list()
 
 
 def _op_types(saved_model_dir):

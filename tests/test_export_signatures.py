@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_transformer import DecodeConfig
+from trainer.serving.options import request_inputs
 from conftest import sources
 
 # Each test runs the programs in subprocesses, or uses the model they trained.
@@ -19,16 +21,11 @@ BAD_TEXTS = [b"", b"   \t  ", b"\n", ("seventy " * 1250).encode(), b"x" * 10000,
 
 
 def options_call(signature, texts, prefixes):
-    """Keyword inputs of the options signatures: the batch and sample settings."""
+    """Keyword inputs of the options signatures: the batch and scalar settings."""
     settings = {
-        "translate_with_options": dict(beam_size=tf.constant(3), alpha=tf.constant(0.6),
-                                       max_extra_length=tf.constant(50),
-                                       num_hypotheses=tf.constant(2),
-                                       stopping=tf.constant("first"),
-                                       patience=tf.constant(1.0)),
-        "sample": dict(num_hypotheses=tf.constant(2), max_extra_length=tf.constant(50),
-                       temperature=tf.constant(1.0), top_k=tf.constant(10),
-                       top_p=tf.constant(0.9), seed=tf.constant(7, tf.int64))}[signature]
+        "translate_with_options": dict(beam_size=3, num_hypotheses=2, stopping="first"),
+        "sample": dict(num_hypotheses=2, top_k=10, top_p=0.9, seed=7)}[signature]
+    settings = request_inputs(signature, DecodeConfig(), **settings)
     return {"inputs": texts, "target_prefix": prefixes, **settings}
 
 

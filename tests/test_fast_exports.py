@@ -18,9 +18,10 @@ import tensorflow as tf
 
 from conftest import built_once, run
 from programs import program, succeeded
-from keras_transformer import Transformer, TransformerConfig
+from keras_transformer import DecodeConfig, Transformer, TransformerConfig
 from keras_transformer.quantization import dense, quantize_kernel, quantize_step_weights
 from trainer.data import builtin_corpus
+from trainer.serving.options import request_inputs
 
 # One worker runs this file beside test_quick_start and test_ctranslate2 (pytest-xdist
 # --dist loadgroup): the README's main job, whose model translates the builtin corpus, is
@@ -168,19 +169,17 @@ def test_the_int8_and_shortlist_exports_answer_bad_requests_as_the_float32_one(e
         assert answers[name][:2].tolist() == answers["float32"][:2].tolist() == [b"", b""]
         assert answers[name][3] == answers["float32"][3]
     for name, m in loaded.items():
-        with pytest.raises(tf.errors.InvalidArgumentError,
-                           match=r"beam_size must be in \[1, 8\], got 9"):
-            m.signatures["translate_with_options"](
-                inputs=texts, target_prefix=tf.constant([""] * 4), beam_size=tf.constant(9),
-                alpha=tf.constant(0.6), max_extra_length=tf.constant(50),
-                num_hypotheses=tf.constant(1), stopping=tf.constant("exact"),
-                patience=tf.constant(1.0))
+        bad = m.signatures["translate_with_options"](
+            inputs=texts, target_prefix=tf.constant([""] * 4),
+            **request_inputs("translate_with_options", DecodeConfig(), 4,
+                             beam_size=[4, 9, 4, 4]))
+        assert [e.decode() for e in bad["error"].numpy()] == [
+            "", "beam_size must be in [1, 8], got 9", "", ""], name
+        assert bad["translations"][3, 0] == answers["float32"][3]
         with pytest.raises(tf.errors.InvalidArgumentError, match="one entry per input"):
             m.signatures["translate_with_options"](
-                inputs=texts, target_prefix=tf.constant([""]), beam_size=tf.constant(4),
-                alpha=tf.constant(0.6), max_extra_length=tf.constant(50),
-                num_hypotheses=tf.constant(1), stopping=tf.constant("exact"),
-                patience=tf.constant(1.0))
+                inputs=texts, target_prefix=tf.constant([""]),
+                **request_inputs("translate_with_options", DecodeConfig()))
     for name in ("int8", "int8_bfloat16"):
         info = json.loads((exports[name] / "assets.extra" / "export.json").read_text())
         assert info["serving_dtype"] == name

@@ -25,6 +25,7 @@ from trainer.data import vocabulary
 from trainer.model_dir import layout
 from trainer.model_dir.weights import WeightsChoice
 from trainer.serving import saved_model
+from trainer.serving.options import request_inputs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "marian"
 NAMES = sorted(path.name for path in FIXTURES.iterdir() if (path / "config.json").exists())
@@ -143,9 +144,9 @@ def test_the_text_to_text_saved_model_gives_the_references_translations(converte
     for name, beam_size in (("beam", 4), ("greedy", 1)):
         found = loaded.signatures["translate_with_options"](
             inputs=inputs, target_prefix=tf.fill(tf.shape(inputs), ""),
-            beam_size=tf.constant(beam_size), alpha=tf.constant(0.0),
-            max_extra_length=tf.constant(extra), num_hypotheses=tf.constant(1),
-            stopping=tf.constant("transformers"), patience=tf.constant(1.0))["translations"]
+            **request_inputs("translate_with_options", DecodeConfig(), beam_size=beam_size,
+                             alpha=0.0, max_extra_length=extra,
+                             stopping="transformers"))["translations"]
         assert [t[0].decode("utf-8") for t in found.numpy()] == \
             converted.reference[name]["texts"], name
 

@@ -2,12 +2,15 @@
 `translate_with_options` (beam size, length penalty, maximum length, n-best, target
 prefix) and `sample` (temperature, top-k, top-p, seed)."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from conftest import sources
 from trainer.config import TRAINED_DECODE
+from trainer.serving.options import request_inputs
 
 # Each test uses the model the session's `python -m trainer.task` trained and exported.
 pytestmark = pytest.mark.slow
@@ -15,30 +18,21 @@ pytestmark = pytest.mark.slow
 MAX_LENGTH = 128  # the tiny preset's positions: outputs have at most 127 tokens
 
 
-def with_options(loaded, texts, prefixes=None, beam_size=TRAINED_DECODE.beam_size,
-                 alpha=TRAINED_DECODE.alpha, max_extra_length=TRAINED_DECODE.max_extra_length,
-                 num_hypotheses=1, stopping=TRAINED_DECODE.stopping,
-                 patience=TRAINED_DECODE.patience):
-    """The signature's answer; the options a client leaves out are the main job's search
-    (trainer.task's defaults, which its export's serving_default runs)."""
+def with_options(loaded, texts, prefixes=None, **options):
+    """The signature's answer to scalar options, as a client of a server without batching
+    sends them; the options a client leaves out are the main job's search (trainer.task's
+    defaults, which its export's serving_default runs)."""
     prefixes = [""] * len(texts) if prefixes is None else prefixes
     return loaded.signatures["translate_with_options"](
         inputs=tf.constant(texts, tf.string), target_prefix=tf.constant(prefixes, tf.string),
-        beam_size=tf.constant(beam_size), alpha=tf.constant(alpha, tf.float32),
-        max_extra_length=tf.constant(max_extra_length),
-        num_hypotheses=tf.constant(num_hypotheses), stopping=tf.constant(stopping),
-        patience=tf.constant(patience, tf.float32))
+        **request_inputs("translate_with_options", TRAINED_DECODE, **options))
 
 
-def sample(loaded, texts, prefixes=None, num_hypotheses=1, max_extra_length=50,
-           temperature=1.0, top_k=0, top_p=1.0, seed=0):
+def sample(loaded, texts, prefixes=None, **options):
     prefixes = [""] * len(texts) if prefixes is None else prefixes
     return loaded.signatures["sample"](
         inputs=tf.constant(texts, tf.string), target_prefix=tf.constant(prefixes, tf.string),
-        num_hypotheses=tf.constant(num_hypotheses),
-        max_extra_length=tf.constant(max_extra_length),
-        temperature=tf.constant(temperature, tf.float32), top_k=tf.constant(top_k),
-        top_p=tf.constant(top_p, tf.float32), seed=tf.constant(seed, tf.int64))
+        **request_inputs("sample", TRAINED_DECODE, **options))
 
 
 def test_the_default_options_give_serving_default_and_nbest(loaded):
@@ -105,11 +99,14 @@ def test_each_option_changes_what_it_should(loaded, translator):
     ("sample", "top_p", 0.0, r"top_p must be in \(0.0, 1\], got 0"),
     ("sample", "top_p", 1.5, r"top_p must be in \(0.0, 1\], got 1.5"),
 ])
-def test_an_option_out_of_range_is_an_invalid_argument_naming_it(loaded, signature, option,
-                                                                 value, message):
+def test_an_option_out_of_range_is_its_rows_error_naming_it(loaded, signature, option,
+                                                            value, message):
     call = with_options if signature == "translate_with_options" else sample
-    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
-        call(loaded, ["seven"], **{option: value})
+    got = call(loaded, ["seven", "eight"], **{option: value})  # a scalar: every row's
+    for error in got["error"].numpy():
+        assert re.match(message, error.decode()), error
+    assert np.all(got["translations"].numpy() == b"")
+    assert np.all(got["scores"].numpy() == -np.inf)
 
 
 def test_a_prefix_for_each_input_or_an_invalid_argument(loaded):
@@ -174,3 +171,21 @@ def test_a_seed_gives_the_same_samples_and_another_seed_others(loaded):
     # An input's samples do not depend on the others in its batch (server-side batching).
     part = sample(loaded, texts[5:1:-1], num_hypotheses=3, temperature=1.5, seed=5)
     np.testing.assert_array_equal(part["translations"], first["translations"][5:1:-1])
+
+
+@pytest.mark.parametrize("signature", ["translate_with_options", "sample"])
+def test_min_length_keeps_eos_out_until_the_output_has_that_many_pieces(
+        loaded, sentencepiece, signature):
+    texts = sources(6)
+    call = with_options if signature == "translate_with_options" else sample
+    free = call(loaded, texts, num_hypotheses=2)
+    shortest = min(len(sentencepiece.encode(t.decode()))
+                   for t in free["translations"].numpy().ravel())
+    wanted = shortest + 4
+    got = call(loaded, texts, num_hypotheses=2, min_length=wanted)
+    assert np.all(got["error"].numpy() == b"")
+    for translation in got["translations"].numpy().ravel():
+        assert len(sentencepiece.encode(translation.decode())) >= wanted - 1, translation
+    # The maximum length still ends an output: max_extra_length 0 allows source + 1.
+    capped = call(loaded, ["seven"], min_length=100, max_extra_length=0)
+    assert capped["error"].numpy()[0] == b""

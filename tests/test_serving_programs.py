@@ -66,10 +66,10 @@ print(json.dumps({name: {key: plain(value) for key, value in out.items()}
 """
 # What the consumer passes the options signatures (the same seed as in this process).
 OPTIONS = {"translate_with_options": {"beam_size": 2, "alpha": 1.0, "max_extra_length": 10,
-                                      "num_hypotheses": 2, "stopping": "first",
-                                      "patience": 1.5},
-           "sample": {"num_hypotheses": 3, "max_extra_length": 50, "temperature": 1.5,
-                      "top_k": 0, "top_p": 0.95, "seed": 1234}}
+                                      "min_length": 0, "num_hypotheses": 2,
+                                      "stopping": "first", "patience": 1.5},
+           "sample": {"num_hypotheses": 3, "max_extra_length": 50, "min_length": 2,
+                      "temperature": 1.5, "top_k": 0, "top_p": 0.95, "seed": 1234}}
 
 
 @pytest.mark.parametrize("serving_env", [{}, {"TF_ONEDNN_ASSUME_FROZEN_WEIGHTS": "1"}],
@@ -205,7 +205,8 @@ def test_saved_model_cli_runs_the_serving_pages_translate_with_options_request(
         max_extra_length=tf.constant(int(inputs["max_extra_length"])),
         num_hypotheses=tf.constant(int(inputs["num_hypotheses"])),
         stopping=tf.constant(ast.literal_eval(inputs["stopping"])),
-        patience=tf.constant(float(inputs["patience"])))
+        patience=tf.constant(float(inputs["patience"])),
+        min_length=tf.constant(int(inputs["min_length"])))
     for key, value in expected.items():
         np.testing.assert_array_equal(np.load(tmp_path / f"{key}.npy", allow_pickle=True),
                                       value.numpy())

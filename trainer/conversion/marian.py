@@ -99,7 +99,8 @@ def generation_settings(input_dir: str, hf: dict) -> DecodeConfig:
     else Transformers' defaults (num_beams 1, length_penalty 1.0, max_length 20), as the
     DecodeConfig of the "average" length penalty (log-prob / length^length_penalty), whose
     outputs are limited by max_length alone, as Transformers limits them (max_extra_length
-    never binds first), searched with generate()'s stopping rule ("transformers", its
+    never binds first) and at least min_new_tokens long, searched with generate()'s
+    stopping rule ("transformers", its
     default early_stopping=False; a checkpoint's other early_stopping values are not
     followed)."""
     path = os.path.join(input_dir, "generation_config.json")
@@ -109,7 +110,8 @@ def generation_settings(input_dir: str, hf: dict) -> DecodeConfig:
         return DecodeConfig(beam_size=int(settings.get("num_beams") or 1),
                             alpha=float(settings.get("length_penalty", 1.0)),
                             length_penalty="average", stopping="transformers",
-                            max_length=max_length, max_extra_length=max(max_length - 1, 0))
+                            max_length=max_length, max_extra_length=max(max_length - 1, 0),
+                            min_length=int(settings.get("min_new_tokens") or 0))
     except (TypeError, ValueError) as e:
         raise ConversionError(f"{path if os.path.exists(path) else 'config.json'}: "
                               f"generation settings this project cannot use ({e})") from None

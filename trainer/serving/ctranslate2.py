@@ -101,6 +101,8 @@ def search_note(decode: DecodeConfig) -> str:
     finished (the "first" stopping rule)."""
     request = (f"beam_size={decode.beam_size}, length_penalty={decode.alpha:g}, "
                f"patience={decode.patience:g}")
+    if decode.min_length:  # the same count: tokens before the end token
+        request += f", min_decoding_length={decode.min_length}"
     differs = []
     if decode.length_penalty != "average":
         differs.append(f"ranks by length^{decode.alpha:g}, not by the model directory's gnmt "

@@ -180,7 +180,9 @@ def write(model, tokenizers, decode: DecodeConfig, directory: str):
         "bad_words_ids": [[pad]], "decoder_start_token_id": pad, "eos_token_id": 0,
         "forced_eos_token_id": 0, "pad_token_id": pad, "num_beams": decode.beam_size,
         "length_penalty": decode.alpha,
-        "max_length": decode.max_length or config.max_length})
+        "max_length": decode.max_length or config.max_length,
+        # min_new_tokens counts what min_length does: the tokens before EOS.
+        **({"min_new_tokens": decode.min_length} if decode.min_length else {})})
     for side, tokenizer, order, name in (("source", tokenizers.source, source_order,
                                           "vocab.json"),
                                          ("target", tokenizers.target, target_order,

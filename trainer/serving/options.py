@@ -69,13 +69,17 @@ def request_inputs(signature: str, decode: DecodeConfig, batch: int = None,
                    **values) -> Dict[str, tf.Tensor]:
     """The option inputs of `signature` that ask for `decode`'s settings, `values` on top
     (num_hypotheses unset: 1): scalars, or [batch] vectors when batch is given, the form
-    a server with batching on merges."""
+    a server with batching on merges. A value given as a list is a row's each, as is."""
     given = {**decode.to_dict(), **values}
     if given["num_hypotheses"] is None:
         given["num_hypotheses"] = 1
-    shape = [] if batch is None else [batch]
-    return {o.name: tf.fill(shape, tf.constant(given[o.name], o.tf_dtype))
-            for o in request_options(signature)}
+
+    def tensor(value, dtype):
+        if isinstance(value, (list, tuple)):
+            return tf.constant(value, dtype)
+        return tf.fill([] if batch is None else [batch], tf.constant(value, dtype))
+
+    return {o.name: tensor(given[o.name], o.tf_dtype) for o in request_options(signature)}
 
 
 # A row out of range searches with these instead, on an emptied input: one token (EOS).
@@ -106,7 +110,8 @@ class OptionSignatures:
         decode = dataclasses.replace(self.decode, **rows)
         source_ids = self.source_ids(inputs)
         result = self.search(source_ids, decode, self.prefix_ids(target_prefix))
-        return self._answers(source_ids, result, rows["num_hypotheses"], error)
+        return self._answers(source_ids, result, rows["num_hypotheses"], error,
+                             options["num_hypotheses"])
 
     def _sample(self, inputs, target_prefix, **options):
         """Random translations (back-translation, diverse outputs): each token drawn from
@@ -132,7 +137,8 @@ class OptionSignatures:
         result = sample_search(
             self.step(source_ids, self.prefix_ids(target_prefix), shortlist=False),
             dataclasses.replace(self.decode, **rows))
-        return self._answers(source_ids, result, rows["num_hypotheses"], error)
+        return self._answers(source_ids, result, rows["num_hypotheses"], error,
+                             options["num_hypotheses"])
 
     def _rows(self, signature, inputs, target_prefix, options):
         """(each option as [batch] with the rows out of range at _SAFE's, the rows'
@@ -158,16 +164,22 @@ class OptionSignatures:
                 for name, value in rows.items()}
         return rows, error, tf.where(bad, "", inputs), tf.where(bad, "", target_prefix)
 
-    def _answers(self, source_ids, result, wanted, error):
+    def _answers(self, source_ids, result, wanted, error, asked):
         """The signatures' outputs of a search's DecodeResult: each row's first wanted
         [batch] hypotheses of the batch's largest, "" and -inf past them and on the rows
-        of `error`, and error itself."""
-        k = tf.reduce_max(tf.concat([wanted, [1]], 0))
+        of `error`, and error itself. asked: the num_hypotheses input, whose value (a
+        scalar's) shapes the outputs of an empty batch."""
+        k = tf.cond(tf.size(wanted) > 0, lambda: tf.reduce_max(wanted),
+                    lambda: tf.reduce_max(tf.concat([tf.reshape(asked, [-1]), [1]], 0)))
         out = self._hypotheses(source_ids, result, k)
         padding = (tf.range(k)[None, :] >= wanted[:, None]) | (error != "")[:, None]
-        return {"translations": tf.where(padding, "", out["translations"]),
-                "scores": tf.where(padding, _NEG_INF, out["scores"]),
-                "log_probs": tf.where(padding, _NEG_INF, out["log_probs"]),
+
+        def padded(t, value):  # [batch, k]: a search of fewer hypotheses padded
+            return tf.pad(t, [[0, 0], [0, k - tf.shape(t)[1]]], constant_values=value)
+
+        return {"translations": tf.where(padding, "", padded(out["translations"], "")),
+                "scores": tf.where(padding, _NEG_INF, padded(out["scores"], _NEG_INF)),
+                "log_probs": tf.where(padding, _NEG_INF, padded(out["log_probs"], _NEG_INF)),
                 "error": error}
 
 
