@@ -103,26 +103,55 @@ def test_translate_cli_options_go_through_the_options_signatures(exported, loade
                        cwd=tmp_path, stdin=stdin)
 
     beam = succeeded(translate("--beam_size=3", "--alpha=1.0", "--num_hypotheses=2",
-                               f"--prefix_file={tmp_path / 'prefixes.txt'}"))
+                               "--min_length=4", f"--prefix_file={tmp_path / 'prefixes.txt'}"))
     sampled = succeeded(translate("--temperature=1.5", "--sample_topk=20", "--sample_topp=0.9",
-                                  "--seed=42", "--num_hypotheses=3"))
+                                  "--seed=42", "--num_hypotheses=3", "--min_length=2"))
     inputs = {"inputs": tf.constant(texts), "target_prefix": tf.constant(prefixes)}
+    # The flags given, the export's values (trainer.task's) for the others.
     expected_beam = loaded.signatures["translate_with_options"](
         **inputs, beam_size=tf.constant(3), alpha=tf.constant(1.0),
-        max_extra_length=tf.constant(50), num_hypotheses=tf.constant(2),
-        stopping=tf.constant(TRAINED_DECODE.stopping),
+        max_extra_length=tf.constant(50), min_length=tf.constant(4),
+        num_hypotheses=tf.constant(2), stopping=tf.constant(TRAINED_DECODE.stopping),
         patience=tf.constant(TRAINED_DECODE.patience))
     # The CLI batches by length: each input's samples are the same in any batch.
     expected_samples = loaded.signatures["sample"](
         inputs=inputs["inputs"], target_prefix=tf.constant([""] * len(texts)),
         num_hypotheses=tf.constant(3), max_extra_length=tf.constant(50),
-        temperature=tf.constant(1.5), top_k=tf.constant(20), top_p=tf.constant(0.9),
-        seed=tf.constant(42, tf.int64))
+        min_length=tf.constant(2), temperature=tf.constant(1.5), top_k=tf.constant(20),
+        top_p=tf.constant(0.9), seed=tf.constant(42, tf.int64))
     # k lines per input line, best first.
     for result, expected in ((beam, expected_beam), (sampled, expected_samples)):
         lines = result.stdout.split("\n")[:-1]
         assert lines == [t.decode() for t in expected["translations"].numpy().ravel()]
-    bad = translate("--beam_size=9")
-    assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr.strip().splitlines()[-1] == \
-        "trainer.translate: error: beam_size must be in [1, 8], got 9"
+
+
+def test_min_length_alone_asks_translate_with_options_for_one_translation_each(
+        exported, loaded, tmp_path):
+    """Every unset option at the export's, num_hypotheses at 1 whatever the export's."""
+    texts = sources(3)
+    result = succeeded(program("translate", f"--saved_model={exported.version_dir}",
+                               "--min_length=6", cwd=tmp_path,
+                               stdin="\n".join(texts).encode() + b"\n"))
+    expected = loaded.signatures["translate_with_options"](
+        inputs=tf.constant(texts), target_prefix=tf.constant([""] * len(texts)),
+        beam_size=tf.constant(TRAINED_DECODE.beam_size), alpha=tf.constant(TRAINED_DECODE.alpha),
+        stopping=tf.constant(TRAINED_DECODE.stopping),
+        patience=tf.constant(TRAINED_DECODE.patience),
+        max_extra_length=tf.constant(TRAINED_DECODE.max_extra_length),
+        min_length=tf.constant(6), num_hypotheses=tf.constant(1))
+    assert result.stdout.split("\n")[:-1] == [
+        t.decode() for t in expected["translations"].numpy().ravel()]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--beam_size=9"], "beam_size must be in [1, 8], got 9"),
+    (["--beam_size=2", "--num_hypotheses=3"], "num_hypotheses must be in [1, beam_size=2], got 3")],
+    ids=["beam_size", "num_hypotheses"])
+def test_an_option_beyond_the_exports_limits_is_the_signatures_error_in_one_line(
+        exported, flags, message, tmp_path):
+    """DecodeConfig cannot know the export's max_beam_size (8) or a beam's size: the
+    signature's `error` output names the option, and the program fails with it."""
+    bad = program("translate", f"--saved_model={exported.export_dir}", *flags, cwd=tmp_path,
+                  stdin=b"one\ntwo\n")
+    assert bad.returncode == 2 and bad.stdout == "", bad
+    assert bad.stderr.strip().splitlines()[-1] == f"trainer.translate: error: {message}"

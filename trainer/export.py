@@ -18,6 +18,14 @@ server runs it, and keeps the fastest whose translations agree with float32's, p
 table and recording it in export.json (trainer/serving/dtype_choice.py). The formats
 are listed in trainer/serving/exporters.py; each flag below fills the option of the same
 name of the formats that have one.
+
+The search flags (--beam_size, --alpha, --length_penalty, --stopping, --patience,
+--min_length; trainer/search_flags.py, from DecodeConfig's declarations) set a
+SavedModel's search, that of every signature (--beam_size: also k of nbest); those not
+given default to the model directory's settings (config.json's "decode": the training
+run's flags, a converted checkpoint's generation settings), else the paper's. CTranslate2
+takes them per request. --max_beam_size bounds what a request may ask of the
+translate_with_options and sample signatures.
 """
 
 import dataclasses
@@ -25,9 +33,10 @@ import os
 
 from absl import flags
 
-from keras_transformer.config import LENGTH_PENALTIES, STOPPING_RULES, DecodeConfig
-from trainer import cli
+from keras_transformer.config import OPTIONS, DecodeConfig
+from trainer import cli, search_flags
 from trainer.serving import exporters
+from trainer.serving.options import LIMITS, ServingLimits
 from trainer.serving.shortlist import ShortlistChoice
 
 FLAGS = flags.FLAGS
@@ -46,25 +55,11 @@ flags.DEFINE_enum("export_weights", None, ("last", "average", "ema", "best"), "W
                   "moving average a run with --ema_decay keeps, or the best validation's of a "
                   "run with --keep_best (default: average when --average_last is set, else "
                   "last).")
-flags.DEFINE_integer("beam_size", DecodeConfig.beam_size, "SavedModel: beam size of every "
-                     "signature (and k of nbest); this and the other search flags default to "
-                     "the model directory's settings (config.json's \"decode\": the training "
-                     "run's flags, a converted checkpoint's generation settings), else the "
-                     "paper's. CTranslate2 takes it per request.")
-flags.DEFINE_float("alpha", DecodeConfig.alpha, "SavedModel: length penalty exponent.")
-flags.DEFINE_enum("length_penalty", DecodeConfig.length_penalty, LENGTH_PENALTIES, "SavedModel: "
-                  "the length penalty's form: gnmt, the paper's ((5 + length) / 6)^alpha, or "
-                  "average, length^alpha (Hugging Face, Marian, CTranslate2).")
-flags.DEFINE_enum("stopping", DecodeConfig.stopping, STOPPING_RULES, "SavedModel: when a "
-                  "sentence's beam search is done: exact, once no live beam can still enter "
-                  "its n-best; transformers, as Hugging Face's generate() stops by default "
-                  "(a converted checkpoint's setting); first, once --patience x beam size "
-                  "hypotheses have finished (CTranslate2's and fairseq's rule).")
-flags.DEFINE_float("patience", DecodeConfig.patience, "SavedModel: with --stopping=first, the "
-                   "finished hypotheses a sentence waits for, as a multiple of the beam size.")
-flags.DEFINE_integer("max_beam_size", DecodeConfig.max_beam_size, "SavedModel: the largest "
-                     "beam_size (and number of samples) a client may ask of the "
-                     "translate_with_options and sample signatures.")
+# SavedModel: the search of every signature, and what a request may ask.
+SEARCH_FLAGS = search_flags.define(
+    search_flags.pick(OPTIONS, "beam_size", "alpha", "length_penalty", "stopping",
+                      "patience", "min_length"), DecodeConfig(), prefix="SavedModel: ")
+LIMIT_FLAGS = search_flags.define(LIMITS, ServingLimits(), prefix="SavedModel: ")
 flags.DEFINE_enum("serving_dtype", "float32",
                   ("float32", "bfloat16", "int8", "int8_bfloat16", "auto"),
                   "SavedModel: what the graph computes in: float32; bfloat16 (bfloat16 "
@@ -110,9 +105,8 @@ def _decode(model_dir: str) -> DecodeConfig:
     """The model directory's decoding settings, with the search flags given on the
     command line (or in a flagfile) on top."""
     from trainer.model_dir import layout  # TensorFlow starts here, after the flags
-    given = {field.name: FLAGS[field.name].value for field in dataclasses.fields(DecodeConfig)
-             if field.name in FLAGS and FLAGS[field.name].present}
-    return dataclasses.replace(layout.load_decode(model_dir), **given)
+    return dataclasses.replace(layout.load_decode(model_dir),
+                               **search_flags.given(SEARCH_FLAGS))
 
 
 def main(argv):

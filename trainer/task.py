@@ -9,6 +9,11 @@ This module only parses flags: they become a TransformerConfig, a DataConfig and
 RunConfig with its DecodeConfig (checked before TensorFlow starts), which
 trainer.main_job.train_and_export
 runs. Flag defaults are the dataclasses' defaults.
+
+The search flags (--beam_size, --alpha, --length_penalty, --stopping, --patience,
+--min_length; trainer/search_flags.py, from DecodeConfig's declarations) set the search of
+validation BLEU and of the export, and are stored in the model directory (config.json's
+"decode"), where python -m trainer.export takes its defaults.
 """
 
 import dataclasses
@@ -17,11 +22,10 @@ import os
 
 from absl import flags
 
-from keras_transformer.config import (LENGTH_PENALTIES, PRESETS, STOPPING_RULES,
-                                      TransformerConfig)
-from trainer import cli
-from trainer.config import (AUTO_PRECISION, PRECISIONS, SUBWORD_MODELS, TRAINED_DECODE, DataConfig, RunConfig,
-                            default_run_name, file_list)
+from keras_transformer.config import OPTIONS, PRESETS, TransformerConfig
+from trainer import cli, search_flags
+from trainer.config import (AUTO_PRECISION, PRECISIONS, SUBWORD_MODELS, TRAINED_DECODE,
+                            DataConfig, RunConfig, default_run_name, file_list)
 
 FLAGS = flags.FLAGS
 
@@ -98,21 +102,10 @@ flags.DEFINE_integer("keep_checkpoints", RunConfig.keep_checkpoints, "Checkpoint
                      "them with python -m trainer.average).")
 flags.DEFINE_integer("log_every", RunConfig.log_every, "Progress and TensorBoard summaries every "
                      "N updates.")
-flags.DEFINE_integer("beam_size", TRAINED_DECODE.beam_size, "Beam size for validation BLEU and the "
-                     "export; stored in the model directory, as are --alpha, "
-                     "--length_penalty, --stopping and --patience: python -m "
-                     "trainer.export's defaults.")
-flags.DEFINE_float("alpha", TRAINED_DECODE.alpha, "Length penalty exponent for validation BLEU and "
-                   "the export.")
-flags.DEFINE_enum("length_penalty", TRAINED_DECODE.length_penalty, LENGTH_PENALTIES, "The length "
-                  "penalty's form: gnmt, the paper's ((5 + length) / 6)^alpha, or average, "
-                  "length^alpha (Hugging Face, Marian, CTranslate2).")
-flags.DEFINE_enum("stopping", TRAINED_DECODE.stopping, STOPPING_RULES, "When a sentence's beam "
-                  "search is done: exact, once no live beam can still enter its n-best; "
-                  "transformers, as Hugging Face's generate() guesses; first, once --patience "
-                  "x beam size hypotheses have finished (CTranslate2's and fairseq's rule).")
-flags.DEFINE_float("patience", TRAINED_DECODE.patience, "With --stopping=first, the finished "
-                   "hypotheses a sentence waits for, as a multiple of the beam size.")
+# The search of validation BLEU and of the export.
+SEARCH_FLAGS = search_flags.define(
+    search_flags.pick(OPTIONS, "beam_size", "alpha", "length_penalty", "stopping",
+                      "patience", "min_length"), TRAINED_DECODE)
 flags.DEFINE_integer("bleu_sentences", RunConfig.bleu_sentences, "Validation sentences "
                      "translated for BLEU (0: all).")
 flags.DEFINE_string("bleu_tokenize", RunConfig.bleu_tokenize, "sacreBLEU tokenizer for "
