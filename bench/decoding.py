@@ -12,6 +12,23 @@ time, sorted by length), sacreBLEU, row-steps (rows a step computes, summed over
 the search's work, counted in-process over the same batches) and steps per sentence
 (row-steps / beam / sentences).
 
+--options: what the option signatures cost, one request at a time on --src sorted by length
+in batches of --batch_size, each system making one untimed pass, then one pass over them per
+round, the first to go rotating, for --option_rounds rounds (4; sentences/s, best and median
+of the rounds; a time ratio is the median of the rounds' ratios):
+  - `serving_default` against `translate_with_options` given the export's settings as
+    scalar options (trainer.serving.options.request_inputs), the best hypothesis kept, and
+    how many translations are identical; with --previous_saved_model, the same two of that
+    export (the same checkpoints exported by earlier code, whose options may be fewer, all
+    scalars: its signature's inputs say which) in the same rounds: the options' cost
+    before and after;
+  - the worst request a server's batching can merge: in each full batch, the longest
+    sentence at the export's max_beam_size (8 by default) and the others at beam 1, as one
+    request of [batch] options (the search runs the largest beam and keeps each row to its
+    own) against the same rows apart (the others in one request, the longest in another,
+    their times summed), and how many translations are identical.
+  The systems are bench/option_signatures.py.
+
 --ctranslate2=CT2_DIR: our SavedModel against CTranslate2, on the same weights, sentences and
 threads, each system in its own process (CTranslate2's without TensorFlow). CTranslate2 ranks
 by log-prob / length^alpha and ends a sentence once beam x patience hypotheses have finished:
@@ -105,6 +122,7 @@ repository root, e.g.
       --ctranslate2=CT2_DIR --env=TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1 \\
       --env=ONEDNN_PRIMITIVE_CACHE_CAPACITY=16384 --rules
   python bench/decoding.py --saved_model=EXPORT --peers --model_dir=runs/small_multi30k
+  python bench/decoding.py --saved_model=EXPORT/1 --previous_saved_model=OLD_EXPORT/1 --options
 
 The race's systems, setups and tables are bench/peers/ctranslate2_race.py; the keras-hub
 implementations, bench/peers/decoding_runners.py. TensorFlow is imported inside the functions
@@ -118,6 +136,7 @@ import sys
 from typing import List, NamedTuple
 
 import common
+import option_signatures
 import results_file
 from peers import ctranslate2_race, decoding_runners
 from peers.decoding_workers import worker as run_worker
@@ -140,7 +159,7 @@ def measure_rules(args, export, texts) -> list:
     from keras_transformer import beam_search
     from keras_transformer.config import STOPPING_RULES
     from trainer.serving import saved_model
-    from trainer.serving.options import request_options
+    from trainer.serving.options import request_inputs
     references = common.read_lines(args.ref, args.sentences or 0)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i].split()))
     batches = [order[i:i + args.batch_size] for i in range(0, len(order), args.batch_size)]
@@ -150,7 +169,7 @@ def measure_rules(args, export, texts) -> list:
     rows = []
     for rule in STOPPING_RULES:
         decode = dataclasses.replace(export.decode, stopping=rule)
-        options = request_options(decode)
+        options = request_inputs("translate_with_options", decode)
 
         def translate_all():
             outputs = [None] * len(texts)
@@ -164,9 +183,10 @@ def measure_rules(args, export, texts) -> list:
 
         outputs = translate_all()
         rate = len(texts) / common.best_seconds(translate_all, args.repeats)
-        counted = tf.function(lambda ids, decode=decode: beam_search(
-            decoding_runners.counting_step(translator.step(ids), counts), decode, 1),
-            input_signature=[tf.TensorSpec([None, None], tf.int32)])
+        best_only = dataclasses.replace(decode, num_hypotheses=1)
+        counted = tf.function(lambda ids, decode=best_only: beam_search(
+            decoding_runners.counting_step(translator.step(ids), counts), decode),
+            input_signature=[tf.TensorSpec([None, None], tf.int32)], autograph=False)
         for counter in counts.values():
             counter.assign(0)
         for batch in batches:
@@ -258,6 +278,9 @@ def parse_args(argv):
                              f"--peers {PEER_SENTENCES})")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="best of this many passes")
+    parser.add_argument("--previous_saved_model", help="a float32 export of the same "
+                        "checkpoints by earlier code: a before/after row (--ctranslate2, "
+                        "--options)")
     ct2 = parser.add_argument_group("against CTranslate2")
     ct2.add_argument("--ctranslate2", help="the same checkpoints exported with "
                      "--format=ctranslate2 --quantization=float32: asks for this table")
@@ -272,8 +295,6 @@ def parse_args(argv):
     ct2.add_argument("--vmap", action="store_true", help="also run CTranslate2 float32 and "
                      "int8 with use_vmap=True (--ctranslate2 exported with --shortlist, "
                      "which writes its vmap.txt)")
-    ct2.add_argument("--previous_saved_model", help="a float32 export of the same "
-                     "checkpoints by earlier code: a before/after row")
     ct2.add_argument("--xla", action="store_true", help="also time the exports' translate_xla "
                      "signature (exported with --xla)")
     ct2.add_argument("--latency_sentences", type=int, default=200)
@@ -301,6 +322,12 @@ def parse_args(argv):
     parser.add_argument("--rules", action="store_true", help="each stopping rule's cost on "
                         "the float32 export: sentences/s, sacreBLEU, row-steps and steps per "
                         "sentence")
+    options = parser.add_argument_group("the option signatures' cost")
+    options.add_argument("--options", action="store_true", help="asks for these tables: "
+                         "serving_default against translate_with_options (before and after "
+                         "with --previous_saved_model), and the worst mixed-beam request")
+    options.add_argument("--option_rounds", type=int, default=4,
+                         help="alternating rounds, one pass over the sentences each")
     peers = parser.add_argument_group("against keras-hub")
     peers.add_argument("--peers", action="store_true", help="asks for this table")
     peers.add_argument("--model_dir", help="the export's model directory (needed)")
@@ -317,9 +344,11 @@ def parse_args(argv):
 def check_args(parser, args):
     if args.worker:
         return
-    if not (args.ctranslate2 or args.peers or args.rules):
-        parser.error("ask for a table: --ctranslate2=DIR, --rules or --peers (--options and "
-                     "--cache are bench/sweeps/decoding_options.py and decoding_cache.py)")
+    if not (args.ctranslate2 or args.peers or args.rules or args.options):
+        parser.error("ask for a table: --ctranslate2=DIR, --rules, --options or --peers "
+                     "(--cache is bench/sweeps/decoding_cache.py)")
+    if args.options and args.option_rounds < 1:
+        parser.error("--option_rounds must be at least 1")
     if args.peers and not args.model_dir:
         parser.error("--peers needs --model_dir, the export's model directory")
     bad = [e for e in args.env if "=" not in e]
@@ -343,6 +372,10 @@ def main(argv=None):
     if args.rules:
         rules = measure_rules(args, export, texts)
         reports.append(lambda: print_rules_table(args, export, rules))
+    if args.options:
+        previous = args.previous_saved_model and common.Export(args.previous_saved_model)
+        costs = option_signatures.measure(args, export, texts, previous)
+        reports.append(lambda: option_signatures.print_tables(args, costs))
     race = None
     if args.ctranslate2:
         race = ctranslate2_race.measure(args, ctranslate2_race.search(export))
@@ -377,6 +410,8 @@ def results_name(args, export) -> str:
         parts.append("keras-hub")
     if args.rules:
         parts.append("search-rules")
+    if args.options:
+        parts.append("options" + ("-before-after" if args.previous_saved_model else ""))
     return "-".join(parts) or "serving-default"
 
 

@@ -1,5 +1,5 @@
 """Profile: where does the time go, op type by op type: in a training update, or in the
-exported beam search?
+exported beam search (and how many nodes does the search's loop hold)?
 
   python bench/profiling.py --training [--precisions=mixed_bfloat16 --batch=128 --length=32]
 
@@ -23,15 +23,26 @@ exported beam search?
     hits both alike), and its first --one_at_a_time sentences one request at a time,
     request by request (the sums of each sentence's best and median time). About 2 minutes.
 
-One more call of each runs under the TensorFlow profiler, whose kernel times are summed by
-op type from its trace (common.kernel_profile). For the search, a second table sums them by what
-they do in a decode step (`ROLES`: the matmuls of each sublayer, softmax and top-k, beam
-bookkeeping, the rest), per step: the decoder's ops carry their sublayer's name scope. On 2
-cores TensorFlow runs two ops at once, so kernel time can exceed wall time; the "executor
-outside kernels" row is the time the executor threads spent outside any kernel (scheduling,
-allocation, the while loop's control flow): per-op dispatch. (The file is not called profile.py:
-bench/ comes first on sys.path, and TensorFlow imports the standard library's `profile`.) Not a
-test: run it by hand from the repository root.
+  python bench/profiling.py --nodes --saved_model=EXPORT/1 [--compare=OLD_EXPORT/1]
+
+    Not timed: the nodes of each while loop's body in the export's `serving_default`
+    (its graph's function library, where the loops' bodies are functions), alone and with
+    the functions the body calls (its If branches), in total and by op type, beside
+    --compare's and whether the two are equal op type by op type: a change that must leave
+    serving_default's trace alone (e.g. to the option signatures) shows it did. A loop is
+    named by the nodes down to it from the signature's graph, which two exports share
+    (unlike the functions' numbered names). Seconds.
+
+In --training and --decoding, one more call of each runs under the TensorFlow profiler,
+whose kernel times are summed by op type from its trace (common.kernel_profile). For the
+search, a second table sums them by what they do in a decode step (`ROLES`: the matmuls of
+each sublayer, softmax and top-k, beam bookkeeping, the rest), per step: the decoder's ops
+carry their sublayer's name scope. On 2 cores TensorFlow runs two ops at once, so kernel
+time can exceed wall time; the "executor outside kernels" row is the time the executor
+threads spent outside any kernel (scheduling, allocation, the while loop's control flow):
+per-op dispatch. (The file is not called profile.py: bench/ comes first on sys.path, and
+TensorFlow imports the standard library's `profile`.) Not a test: run it by hand from the
+repository root.
 """
 
 import argparse
@@ -315,6 +326,129 @@ def profile_decoding(args):
         print_turns_tables(args, len(texts), seconds, requests)
 
 
+# ---------------------------------------------------------------- the search's graph
+
+WHILE_OPS = ("While", "StatelessWhile")
+
+
+def called(node, library) -> list:
+    """[(attr, function name)] of the library functions a node calls (a call's f, an If's
+    branches, a While's cond and body)."""
+    calls = []
+    for attr, value in sorted(node.attr.items()):
+        names = [value.func.name] if value.func.name else [f.name for f in value.list.func]
+        calls += [(attr, name) for name in names if name in library]
+    return calls
+
+
+def while_bodies(graph_def):
+    """({path: body function name} of every while loop reached from the graph's nodes
+    through the functions they call, the library {name: FunctionDef}). A path names the
+    nodes from the graph down to the loop, each call's attr in brackets
+    ("StatefulPartitionedCall[f]/cond[then_branch]/cond/while"): the code's name scopes,
+    which two exports of the same code share, unlike the functions' numbered names."""
+    library = {f.signature.name: f for f in graph_def.library.function}
+    bodies = {}
+
+    def walk(nodes, prefix):
+        for node in nodes:
+            for attr, name in called(node, library):
+                path = prefix + node.name
+                if node.op in WHILE_OPS and attr == "body":
+                    bodies[path] = name
+                walk(library[name].node_def, f"{path}[{attr}]/")
+    walk(graph_def.node, "")
+    return bodies, library
+
+
+def op_counts(nodes, library) -> collections.Counter:
+    """Nodes by op type, those of the functions they call (recursively) included."""
+    counts = collections.Counter(node.op for node in nodes)
+    for node in nodes:
+        for _, name in called(node, library):
+            counts.update(op_counts(library[name].node_def, library))
+    return counts
+
+
+def measure_nodes(path) -> dict:
+    """{loop path: (the body's own nodes, {op type: nodes} with the functions it calls)} of
+    each while loop of an export's serving_default, and "whole signature" for every node
+    its graph reaches."""
+    from trainer.serving import saved_model
+    graph_def = saved_model.load(path).signatures["serving_default"].graph.as_graph_def()
+    bodies, library = while_bodies(graph_def)
+    counts = {loop: (len(library[name].node_def), op_counts(library[name].node_def, library))
+              for loop, name in bodies.items()}
+    counts[WHOLE] = (len(graph_def.node), op_counts(graph_def.node, library))
+    return counts
+
+
+# measure_nodes' row of the signature's graph: its own nodes, and every function it reaches.
+WHOLE = "the signature's graph"
+
+
+def print_node_tables(exports):
+    """exports: [(label, measure_nodes' counts)]: the totals per loop, whether the exports'
+    op-type counts are equal, then the nodes by op type."""
+    loops = list(dict.fromkeys(loop for _, counts in exports for loop in counts))
+    loops = [loop for loop in loops if loop != WHOLE] + [WHOLE]
+    names = {loop: f"loop {i}" for i, loop in enumerate(loops[:-1], 1)}
+    names[WHOLE] = "whole signature"
+
+    def cell(counts, loop, own):
+        if loop not in counts:
+            return "-"
+        return str(counts[loop][0] if own else sum(counts[loop][1].values()))
+
+    rows = []
+    for loop in loops:
+        found = [counts[loop][1] for _, counts in exports if loop in counts]
+        equal = ("-" if len(exports) == 1 else
+                 "yes" if len(found) == len(exports) and all(c == found[0] for c in found)
+                 else "**no**")
+        rows.append([names[loop], loop, *(cell(counts, loop, True) for _, counts in exports),
+                     *(cell(counts, loop, False) for _, counts in exports), equal])
+    common.print_table(
+        ["loop", "path (the nodes down to it, each call's attr in brackets)",
+         *(f"{label}: body nodes" for label, _ in exports),
+         *(f"{label}: with the functions it calls" for label, _ in exports),
+         "equal by op type"], rows, text_columns=[0, 1, 2 + 2 * len(exports)],
+        title="**serving_default's while loops: nodes of each body, alone and with the "
+              "functions it calls (its If branches), and whether the exports' counts are "
+              "equal op type by op type**")
+    loops = loops[:-1]
+    op_types = collections.Counter()
+    for _, counts in exports:
+        for loop in loops:
+            op_types.update(counts.get(loop, (0, collections.Counter()))[1])
+    rows = []
+    for op_type, _ in op_types.most_common():
+        cells = [[str(counts[loop][1][op_type]) if loop in counts else "-"
+                  for _, counts in exports] for loop in loops]
+        rows.append([op_type, *(n for loop_cells in cells for n in loop_cells),
+                     "-" if len(exports) == 1 else
+                     "yes" if all(len(set(c)) == 1 for c in cells) else "**no**"])
+    common.print_table(
+        ["op type", *(f"{names[loop]}, {label}" for loop in loops for label, _ in exports),
+         "equal"], rows, text_columns=[0, 1 + len(loops) * len(exports)],
+        title="**serving_default's while-loop bodies by op type, each with the functions it "
+              "calls**")
+
+
+def count_nodes(args):
+    exports = [("this", args.saved_model)] + ([("compare", args.compare)] if args.compare
+                                              else [])
+    measured = [(label, measure_nodes(path)) for label, path in exports]
+    common.print_header([
+        ("machine", common.describe()),
+        ("versions", common.versions()),
+        ("this", args.saved_model),
+        ("compare", args.compare or "-"),
+        ("command", common.command()),
+    ])
+    print_node_tables(measured)
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -323,6 +457,9 @@ def parse_args(argv):
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--training", action="store_true", help="a training update's pieces")
     mode.add_argument("--decoding", action="store_true", help="an export's serving_default")
+    mode.add_argument("--nodes", action="store_true", help="the node counts of each while "
+                      "loop's body in an export's serving_default (and --compare's), not "
+                      "timed")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed calls, the best kept (default 5, --decoding 3)")
     parser.add_argument("--top", type=int, default=None,
@@ -332,10 +469,10 @@ def parse_args(argv):
     training.add_argument("--batch", type=int, default=128)
     training.add_argument("--length", type=int, default=32)
     training.add_argument("--vocab_size", type=int, default=8000)
-    decoding = parser.add_argument_group("--decoding")
+    decoding = parser.add_argument_group("--decoding and --nodes")
     decoding.add_argument("--saved_model", help="the export (a version directory)")
     decoding.add_argument("--compare", help="a second export version directory, profiled "
-                          "in the same run (e.g. the previous code's export)")
+                          "or counted in the same run (e.g. the previous code's export)")
     decoding.add_argument("--src", default=str(common.MULTI30K / "test2016.en"))
     decoding.add_argument("--batch_size", type=int, default=64)
     decoding.add_argument("--rounds", type=int, default=4, help="with --compare: passes "
@@ -353,9 +490,9 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.results is None:  # the default: what is profiled
         args.results = (f"decoding-{args.threads or 'default'}-threads" if args.decoding
-                        else "training")
-    if args.decoding and not args.saved_model:
-        parser.error("--decoding needs --saved_model")
+                        else "nodes" if args.nodes else "training")
+    if (args.decoding or args.nodes) and not args.saved_model:
+        parser.error(f"--{'decoding' if args.decoding else 'nodes'} needs --saved_model")
     if args.rounds < 2 or args.rounds % 2:
         parser.error(f"--rounds must be even (got {args.rounds}): each export goes first in "
                      "half of them")
@@ -370,6 +507,10 @@ def main(argv=None):
         profile_training(args)
         setting = (f"a training update's pieces, batch {args.batch} x {args.length}, "
                    f"{args.precisions}")
+    elif args.nodes:
+        count_nodes(args)
+        setting = (f"serving_default's while-loop node counts of {args.saved_model}"
+                   + (f" and {args.compare}" if args.compare else ""))
     else:
         profile_decoding(args)
         setting = (f"serving_default of {args.saved_model}, batches of {args.batch_size}, "

@@ -89,7 +89,7 @@ def our_implementations(export, translator):
         lambda ids, use_cache=use_cache: beam_search(
             counting_step(TransformerStep(translator.model, ids, use_cache=use_cache), counts),
             export.decode),
-        input_signature=[tf.TensorSpec([None, None], tf.int32)])
+        input_signature=[tf.TensorSpec([None, None], tf.int32)], autograph=False)
         for use_cache in (True, False)}
 
     def run_text(batch):

@@ -20,23 +20,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for common
 import common  # noqa: E402
+from option_signatures import signature_inputs  # noqa: E402
 
 
 def option_requests(decode) -> dict:
-    """{row: (signature, its scalar inputs)}: translate_with_options given serving_default's
-    settings and greedy, and sample's three restrictions."""
-    import dataclasses
-    import tensorflow as tf
-    from trainer.serving.options import request_options
-    same = request_options(decode)
-    greedy = request_options(dataclasses.replace(decode, beam_size=1, alpha=0.0))
+    """{row: (signature, the settings on top of `decode`'s)}: translate_with_options given
+    serving_default's settings and greedy, and sample's three restrictions."""
     return {
-        f"translate_with_options, beam {decode.beam_size}": ("translate_with_options", same),
-        "translate_with_options, beam 1 (greedy)": ("translate_with_options", greedy),
-        **{f"sample, {name}": ("sample", dict(
-            num_hypotheses=tf.constant(1), max_extra_length=tf.constant(decode.max_extra_length),
-            temperature=tf.constant(1.0), top_k=tf.constant(top_k), top_p=tf.constant(top_p),
-            seed=tf.constant(0, tf.int64)))
+        f"translate_with_options, beam {decode.beam_size}": ("translate_with_options", {}),
+        "translate_with_options, beam 1 (greedy)": ("translate_with_options",
+                                                    dict(beam_size=1, alpha=0.0)),
+        **{f"sample, {name}": ("sample", dict(top_k=top_k, top_p=top_p))
            for name, top_k, top_p in (("unrestricted", 0, 1.0), ("top_k 10", 10, 1.0),
                                       ("top_p 0.9", 0, 0.9))},
     }
@@ -44,16 +38,21 @@ def option_requests(decode) -> dict:
 
 def requests(export: common.Export, previous):
     """({row: (signature function, its scalar inputs)}: serving_default first, then the
-    option requests this export has, and those of `previous` (a loaded export, or None)
-    that are sample requests; {a previous export's row: this export's})."""
+    option requests this export has, and those of `previous` (an Export, or None) that are
+    sample requests; {a previous export's row: this export's})."""
     loaded = export.loaded
     runs = {export.serving_row: (loaded.signatures["serving_default"], {})}
     twins = {}
-    for name, (signature, options) in option_requests(export.decode).items():
+    for name, (signature, values) in option_requests(export.decode).items():
         if signature in loaded.signatures:
-            runs[f"SavedModel {name}"] = (loaded.signatures[signature], options)
-        if previous is not None and signature == "sample" and signature in previous.signatures:
-            runs[f"previous export's {name}"] = (previous.signatures[signature], options)
+            function = loaded.signatures[signature]
+            runs[f"SavedModel {name}"] = (function, signature_inputs(
+                function, signature, export.decode, **values))
+        if previous is not None and signature == "sample" and \
+                signature in previous.loaded.signatures:
+            function = previous.loaded.signatures[signature]
+            runs[f"previous export's {name}"] = (function, signature_inputs(
+                function, signature, previous.decode, **values))
             twins[f"previous export's {name}"] = f"SavedModel {name}"
     return runs, twins
 
@@ -64,8 +63,7 @@ def measure(args, export: common.Export, texts):
     serving_default's settings gave its translations; and, for --previous_saved_model
     (whose sample requests join the rounds), how many of each request's translations are
     this export's."""
-    from trainer.serving import saved_model
-    previous = saved_model.load(args.previous_saved_model) if args.previous_saved_model else None
+    previous = common.Export(args.previous_saved_model) if args.previous_saved_model else None
     runs, twins = requests(export, previous)
     best, outputs = {}, {}
     for _ in range(args.repeats):

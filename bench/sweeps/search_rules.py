@@ -61,13 +61,13 @@ class Searches:
         if length_penalty not in self.functions:
             @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
                                           tf.TensorSpec([], tf.float32),
-                                          tf.TensorSpec([], tf.string)])
+                                          tf.TensorSpec([], tf.string)], autograph=False)
             def search(inputs, alpha, stopping):
-                decode = dataclasses.replace(translator.decode, alpha=alpha,
+                decode = dataclasses.replace(translator.decode, alpha=alpha, num_hypotheses=1,
                                              length_penalty=length_penalty, stopping=stopping)
                 source_ids = translator.source_ids(inputs)
                 step = decoding_runners.counting_step(translator.step(source_ids), self.counts)
-                return translator.best(source_ids, self.beam_search(step, decode, 1))
+                return translator.best(source_ids, self.beam_search(step, decode))
             self.functions[length_penalty] = search
         return self.functions[length_penalty]
 

@@ -21,6 +21,7 @@ from the repository root,
 """
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -81,20 +82,25 @@ class Translations:
         order = sorted(range(len(texts)), key=lambda i: len(texts[i].split()))
         self.batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
         vocab_size = translator.model.config.vocab_size
+        best_only = dataclasses.replace(translator.decode, num_hypotheses=1)
 
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
-                                      tf.TensorSpec([None], tf.int32),
-                                      tf.TensorSpec([None, None], tf.int32)])
-        def translate(inputs, frequent, by_source):
+        def search(inputs, shortlist):
             source_ids = translator.source_ids(inputs)
-            shortlist = (None if by_source.shape[0] == 0 else
-                         Shortlist(frequent, by_source, vocab_size))
             step = TransformerStep(translator.model, source_ids, weights=translator.step_weights,
                                    shortlist=shortlist)
-            result = beam_search(step, translator.decode, 1)
+            result = beam_search(step, best_only)
             return translator.best(source_ids, result)["translations"]
 
-        self.translate = translate
+        # Two traces: the signature's shapes are unknown, so the trace cannot tell an empty
+        # shortlist (the whole vocabulary) from another.
+        texts_spec = tf.TensorSpec([None], tf.string)
+        self.whole = tf.function(lambda inputs: search(inputs, None),
+                                 input_signature=[texts_spec], autograph=False)
+        self.shortlisted = tf.function(
+            lambda inputs, frequent, by_source: search(
+                inputs, Shortlist(frequent, by_source, vocab_size)),
+            input_signature=[texts_spec, tf.TensorSpec([None], tf.int32),
+                             tf.TensorSpec([None, None], tf.int32)], autograph=False)
 
     def of(self, frequent, by_source):
         """The translations of --src, in its order, over the shortlist (frequent,
@@ -102,8 +108,9 @@ class Translations:
         import tensorflow as tf
         outputs = [None] * len(self.texts)
         for batch in self.batches:
-            found = self.translate(tf.constant([self.texts[i] for i in batch]), frequent,
-                                   by_source).numpy()
+            inputs = tf.constant([self.texts[i] for i in batch])
+            found = (self.whole(inputs) if len(by_source) == 0 else
+                     self.shortlisted(inputs, frequent, by_source)).numpy()
             for i, text in zip(batch, found):
                 outputs[i] = text.decode("utf-8")
         return outputs

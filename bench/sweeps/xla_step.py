@@ -53,13 +53,15 @@ def compiled(step):
 def translate_function(translator, compile_step: bool):
     """tf.string [batch] -> translations, with the export's search (its DecodeConfig)
     over the graph step or the compiled one."""
+    import dataclasses
     from keras_transformer import beam_search
+    best_only = dataclasses.replace(translator.decode, num_hypotheses=1)
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def translate(inputs):
         source_ids = translator.source_ids(inputs)
         step = translator.step(source_ids)
-        result = beam_search(compiled(step) if compile_step else step, translator.decode, 1)
+        result = beam_search(compiled(step) if compile_step else step, best_only)
         return translator.best(source_ids, result)["translations"]
     return translate
 
