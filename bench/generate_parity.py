@@ -30,6 +30,7 @@ minutes for the default five models. Run it from the repository root:
 """
 
 import argparse
+import dataclasses
 import json
 import random
 import subprocess
@@ -90,7 +91,8 @@ def our_search(model, source_ids, decode, without_pad_ids=False):
     """The model's best outputs [batch] (ids, EOS cut) under the DecodeConfig `decode`."""
     from keras_transformer import TransformerStep, beam_search
     step = TransformerStep(model, source_ids)
-    result = beam_search(without_pad(step) if without_pad_ids else step, decode, 1)
+    result = beam_search(without_pad(step) if without_pad_ids else step,
+                         dataclasses.replace(decode, num_hypotheses=1))
     return [row[:n - 1] for row, n in zip(result.ids[:, 0].numpy().tolist(),
                                           result.lengths[:, 0].numpy().tolist())]
 

@@ -114,7 +114,7 @@ def measure(args, export: common.Export, texts: List[str],
             previous: common.Export = None) -> OptionsResult:
     """The tables' figures of `export` and, if given, `previous` (the same checkpoints
     exported by earlier code) on `texts`."""
-    from trainer.serving.options import ServingLimits
+    from trainer.serving.limits import ServingLimits
     exports = [(THIS, export)] + ([(PREVIOUS, previous)] if previous else [])
     batches = length_sorted_batches(texts, args.batch_size)
     systems = {}

@@ -12,6 +12,20 @@ here, the code that uses it, and its test.
 A range names its bounds: numbers, or the name of another option or of a serving limit
 (`num_hypotheses` in [1, beam_size], `beam_size` in [1, max_beam_size]); a caller gives
 the values of named bounds (`bounds`), and a named bound nobody gives is not checked.
+
+Example: the declaration of beam_size, its Python check and its check per row.
+
+>>> import tensorflow as tf
+>>> from keras_transformer.config import OPTIONS
+>>> beam_size = next(o for o in OPTIONS if o.name == "beam_size")
+>>> beam_size.kind, beam_size.tf_dtype, beam_size.range_text({"max_beam_size": 8})
+(<class 'int'>, 'int32', '[1, 8]')
+>>> beam_size.check(12, {"max_beam_size": 8})
+Traceback (most recent call last):
+ValueError: beam_size must be in [1, 8], got 12
+>>> ok, message = beam_size.check_rows(tf.constant([4, 12]), {"max_beam_size": 8})
+>>> ok.numpy().tolist(), message.numpy()[1].decode()
+([True, False], 'beam_size must be in [1, 8], got 12')
 """
 
 import dataclasses

@@ -72,7 +72,7 @@ OLD_DECODE = {"beam_size": 3, "alpha": 1.0, "length_penalty": "average", "stoppi
 
 def test_a_model_directory_and_export_of_the_older_settings_still_load(exported, tmp_path):
     from trainer.serving import saved_model
-    from trainer.serving.options import ServingLimits
+    from trainer.serving.limits import ServingLimits
     model_dir = tmp_path / "older"
     shutil.copytree(exported.model_dir, model_dir)
     config = json.loads((model_dir / "config.json").read_text())

@@ -15,8 +15,8 @@ import pytest
 
 from conftest import REPO
 from keras_transformer.config import OPTIONS, DecodeConfig
-from trainer.serving.options import (LIMITS, SIGNATURES, ServingLimits, input_specs,
-                                     request_options)
+from trainer.serving.limits import LIMITS, ServingLimits
+from trainer.serving.options import SIGNATURES, input_specs, request_options
 
 PAGE = REPO / "docs" / "serving.md"
 OPTIONS_HEADER = ("| option | type | range | default | signatures | what it does |\n"

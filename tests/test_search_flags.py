@@ -46,7 +46,7 @@ def described():
 
 def expected_flags(program: str):
     """[(flag name, Option, default)] of the declared options `program` offers."""
-    from trainer.serving.options import LIMITS, ServingLimits
+    from trainer.serving.limits import LIMITS, ServingLimits
     by_name = {o.name: o for o in OPTIONS}
     if program == "task":
         return [(name, by_name[name], getattr(TRAINED_DECODE, name)) for name in TRAINING_SEARCH]

@@ -36,7 +36,7 @@ from absl import flags
 from keras_transformer.config import OPTIONS, DecodeConfig
 from trainer import cli, search_flags
 from trainer.serving import exporters
-from trainer.serving.options import LIMITS, ServingLimits
+from trainer.serving.limits import LIMITS, ServingLimits
 from trainer.serving.shortlist import ShortlistChoice
 
 FLAGS = flags.FLAGS

@@ -18,7 +18,7 @@ def translate_texts(translate: Callable[..., Dict[str, tf.Tensor]],
 
     Each batch is passed as `inputs` (positionally when there are no other inputs), with
     its `target_prefix` when target_prefixes (one per text) is given, and `options` (the
-    scalar inputs of translate_with_options or sample). A text's result is its
+    option inputs of translate_with_options or sample, scalars). A text's result is its
     translation, or its list of hypotheses when the signature returns [batch, k].
     `progress`, if given, is called with the number of texts done after each batch.
     """

@@ -21,33 +21,11 @@ import tensorflow as tf
 
 from keras_transformer import sample_search
 from keras_transformer.config import OPTIONS, DecodeConfig
-from keras_transformer.options import BEAM, SAMPLE, Option, option, options_of
+from keras_transformer.options import BEAM, SAMPLE, Option
 
 _NEG_INF = float("-inf")
 
 
-@dataclasses.dataclass(frozen=True)
-class ServingLimits:
-    """What an export allows a request, apart from how the library searches: the bounds
-    of its options that bound a request's work and output."""
-
-    max_beam_size: int = option(
-        8, int, "The largest beam_size (and number of samples) a request may ask of the "
-        "translate_with_options and sample signatures.", low=1)
-
-    def __post_init__(self):
-        for declared in options_of(ServingLimits):
-            declared.check(getattr(self, declared.name))
-
-    @classmethod
-    def from_dict(cls, fields: dict) -> "ServingLimits":
-        """The limits among `fields` (an export's export.json, a model directory's
-        decode settings); the others are ignored, missing ones take their defaults."""
-        names = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in fields.items() if k in names})
-
-
-LIMITS = options_of(ServingLimits)
 # The signature of each search, and the search of each signature.
 SIGNATURES = {"translate_with_options": BEAM, "sample": SAMPLE}
 

@@ -55,7 +55,7 @@ from trainer.data import vocabulary
 from trainer.model_dir import files, layout
 from trainer.model_dir.weights import WeightsChoice, final_model
 from trainer.serving import calibration, warmup, xla
-from trainer.serving.options import ServingLimits
+from trainer.serving.limits import ServingLimits
 from trainer.serving.shortlist import ShortlistChoice
 from trainer.serving.translator import Translator
 

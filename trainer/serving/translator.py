@@ -34,7 +34,8 @@ from keras_transformer import (DecodeConfig, Transformer, TransformerStep, beam_
 from keras_transformer.special_ids import EOS_ID, PAD_ID, UNK_ID
 from trainer.data import punctuation
 from trainer.data.tokenizer import Tokenizers
-from trainer.serving.options import OptionSignatures, ServingLimits
+from trainer.serving.limits import ServingLimits
+from trainer.serving.options import OptionSignatures
 
 _NEG_INF = float("-inf")
 
@@ -48,7 +49,7 @@ class Translator(OptionSignatures, tf.Module):
       decode: the search: the fixed signatures' settings, and the defaults of
         translate_with_options' and sample's rows out of range.
       limits: what a request may ask of translate_with_options and sample
-        (trainer.serving.options.ServingLimits).
+        (trainer.serving.limits.ServingLimits).
       use_cache: incremental decoding with the key/value cache (False recomputes the
         whole prefix every step; for benchmarks).
       step_weights: what every search's steps read, made once (int8:

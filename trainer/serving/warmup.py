@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from keras_transformer import DecodeConfig
 from trainer.serving import options
-from trainer.serving.options import ServingLimits
+from trainer.serving.limits import ServingLimits
 
 SIGNATURES = ("serving_default", "translate_ids", "nbest", "score", "attention",
               "translate_with_options", "sample")
