@@ -169,8 +169,9 @@ def test_tf_servings_session_loader_answers_every_warmup_request_as_tf2_does(req
     script = tmp_path / "session_consumer.py"
     script.write_text(_SESSION_CONSUMER)
     warmup = version / "assets.extra" / "tf_serving_warmup_requests"
+    # About a minute alone; ten times that beside the suite's timing tests on 2 cores.
     result = run([sys.executable, str(script), str(version), str(warmup)],
-                 cwd=tmp_path, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                 cwd=tmp_path, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=1500)
     answers = json.loads(result.stdout.decode().strip().splitlines()[-1])
     from tensorflow_serving.apis import prediction_log_pb2
     assert sorted(answers) == sorted(SIGNATURES)
