@@ -34,7 +34,7 @@ from keras_transformer.ranking import top_k
 from keras_transformer.search import (DecodeResult, TokenRules, first_tokens, growing_shapes,
                                       is_per_sentence, largest, of_sentences, per_beam,
                                       write_tokens)
-from keras_transformer.search import length_penalty as lp
+from keras_transformer.penalties import length_penalty as lp
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 
 NUM_HYPOTHESES = next(o for o in OPTIONS if o.name == "num_hypotheses")

@@ -15,7 +15,7 @@ from keras_transformer.config import DecodeConfig
 from keras_transformer.log_probs import as_log_probs
 from keras_transformer.search import (DecodeResult, TokenRules, first_tokens, growing_shapes,
                                       is_per_sentence, write_tokens)
-from keras_transformer.search import length_penalty as lp
+from keras_transformer.penalties import length_penalty as lp
 from keras_transformer.special_ids import EOS_ID, PAD_ID
 
 

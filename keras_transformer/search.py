@@ -40,7 +40,7 @@ maximum output length during inference to input length + 50, but terminate early
 possible" (keras_transformer.config.DecodeConfig holds these values, and every search
 takes one). A hypothesis scores log P(Y | X) / lp(Y), with the paper's length penalty of
 Wu et al. (2016), lp(Y) = ((5 + |Y|) / 6)^alpha, or the "average" one of Hugging Face and
-Marian, |Y|^alpha (`length_penalty`).
+Marian, |Y|^alpha (keras_transformer.penalties).
 
 Ids are the project's (keras_transformer.special_ids): pad 0, BOS 2 (position 0 of every
 target), EOS 3. `TokenRules` holds every rule on which token an output may hold next,
@@ -53,7 +53,7 @@ from typing import NamedTuple, Optional
 
 import tensorflow as tf
 
-from keras_transformer.config import LENGTH_PENALTIES, DecodeConfig
+from keras_transformer.config import DecodeConfig
 from keras_transformer.log_probs import LogProbs, is_any
 from keras_transformer.shortlist import from_candidates, to_candidates
 from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID
@@ -82,53 +82,6 @@ class DecodeResult(NamedTuple):
     scores: tf.Tensor
     log_probs: tf.Tensor
     lengths: tf.Tensor
-
-
-class Gnmt:
-    """Wu et al. (2016), lp(Y) = ((5 + |Y|) / 6)^alpha: the paper's (section 6.1)."""
-
-    def __call__(self, length, alpha):
-        return tf.pow((5.0 + length) / 6.0, alpha)
-
-
-class Average:
-    """lp(Y) = |Y|^alpha: Hugging Face's, Marian's, CTranslate2's and fairseq's (alpha 1:
-    the mean log-probability per token)."""
-
-    def __call__(self, length, alpha):
-        return tf.pow(length, alpha)
-
-
-# The length penalties by name; keras_transformer.config.LENGTH_PENALTIES names them for
-# the flags. Adding one is a class here, a line in PENALTIES, and its name there.
-PENALTIES = {"gnmt": Gnmt(), "average": Average()}
-assert tuple(PENALTIES) == LENGTH_PENALTIES, "name a new penalty in config.LENGTH_PENALTIES"
-
-
-def length_penalty(length, alpha, kind="gnmt"):
-    """lp(Y), what a hypothesis' log-probability is divided by to score it: PENALTIES'
-    `kind` (Gnmt, the paper's; Average). Both grow with |Y| for alpha >= 0, which the
-    searches' early exit relies on.
-
-    Args:
-      length: int or float tensor of any shape, |Y| (EOS included).
-      alpha: float, 0 turns the penalty off (lp = 1); or a tensor that broadcasts with
-        `length` (one alpha per sentence).
-      kind: one of LENGTH_PENALTIES.
-    Returns:
-      float32, the broadcast shape of `length` and `alpha`.
-
-    Example:
-
-    >>> from keras_transformer import length_penalty
-    >>> round(float(length_penalty(7, 0.6)), 4)  # ((5 + 7) / 6)^0.6 = 2^0.6
-    1.5157
-    >>> round(float(length_penalty(4, 0.5, "average")), 4)  # 4^0.5
-    2.0
-    """
-    if kind not in PENALTIES:
-        raise ValueError(f"length_penalty must be one of {', '.join(PENALTIES)}, got {kind!r}")
-    return PENALTIES[kind](tf.cast(length, tf.float32), alpha)
 
 
 def output_limits(source_ids, extra_length, max_length, limit=None):

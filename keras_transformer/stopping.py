@@ -28,7 +28,7 @@ from keras_transformer.search import is_per_sentence, of_sentences, per_beam
 def no_live_beam_can_enter(finished, live_log_probs, i, max_lengths, search):
     """bool [n]: the first num_hypotheses finished hypotheses can no longer change.
 
-    The bound, for either length penalty (keras_transformer.search.length_penalty): a
+    The bound, for either length penalty (keras_transformer.penalties): a
     live beam of log-prob p <= 0 ends, if ever, at some length L up to the sentence's
     maximum, with a log-prob p' <= p (each token adds a log-prob <= 0; the EOS forced at
     the maximum adds 0), so it scores p' / lp(L) <= p / lp(L) <= p / lp(max length),
