@@ -13,7 +13,7 @@ ServingLimits(max_beam_size=6)
 
 import dataclasses
 
-from keras_transformer.options import option, options_of
+from keras_transformer.options import check_fields, option, options_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,8 +26,7 @@ class ServingLimits:
         "translate_with_options and sample signatures.", low=1)
 
     def __post_init__(self):
-        for declared in options_of(ServingLimits):
-            declared.check(getattr(self, declared.name))
+        check_fields(self)
 
     @classmethod
     def from_dict(cls, fields: dict) -> "ServingLimits":
