@@ -143,11 +143,14 @@ def timed_texts(path: str, sentences: int = SENTENCES, flag: str = "--calibratio
 def measure(paths: Dict[str, str], texts: List[str], rounds: int) -> List[Candidate]:
     """Every SavedModel of paths ({name: version directory}, the reference of the
     agreement rule first: REFERENCE's) timed on texts in a worker process of its own,
-    taking turns for `rounds` rounds, with the agreement rule applied."""
+    taking turns for `rounds` rounds, with the agreement rule applied. Each worker loads
+    and answers its untimed pass before the next starts: none competes with another for
+    the cores but in turn."""
     with contextlib.ExitStack() as stack:
-        workers = {dtype: stack.enter_context(_Worker(path, texts))
-                   for dtype, path in paths.items()}
-        outputs = {dtype: worker.result()["outputs"] for dtype, worker in workers.items()}
+        workers, outputs = {}, {}
+        for dtype, path in paths.items():  # one loads and warms up at a time
+            workers[dtype] = stack.enter_context(_Worker(path, texts))
+            outputs[dtype] = workers[dtype].result()["outputs"]
         seconds = {dtype: [] for dtype in paths}
         order = list(paths)
         for r in range(rounds):
