@@ -3,6 +3,7 @@
 import keras
 import tensorflow as tf
 
+from keras_transformer.gradients import custom_gradient
 from keras_transformer.special_ids import PAD_ID
 
 
@@ -53,7 +54,7 @@ def label_smoothed_cross_entropy(labels, logits, label_smoothing=0.1):
     labels = tf.cast(labels, tf.int32)
     mask = tf.cast(tf.not_equal(labels, PAD_ID), tf.float32)  # labels' shape
 
-    @tf.custom_gradient
+    @custom_gradient
     def loss_sum(logits):
         loss, probs, _, _ = _smoothed_terms(tf.cast(logits, tf.float32), labels,
                                             label_smoothing)
@@ -143,9 +144,9 @@ def projected_label_smoothed_cross_entropy(labels, outputs, embeddings, label_sm
         return (tf.reduce_sum(loss * mask), correct), gradient
 
     if bias is None:
-        loss, correct = tf.custom_gradient(lambda o, e: forward(o, e, None))(outputs, embeddings)
+        loss, correct = custom_gradient(lambda o, e: forward(o, e, None))(outputs, embeddings)
     else:
-        loss, correct = tf.custom_gradient(forward)(outputs, embeddings,
+        loss, correct = custom_gradient(forward)(outputs, embeddings,
                                                     tf.cast(bias, tf.float32))
     return loss, tf.reduce_sum(mask), correct
 

@@ -7,6 +7,8 @@ import keras
 import tensorflow as tf
 from tensorflow.python.framework import op_def_library
 
+from keras_transformer.gradients import custom_gradient
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class LayerNormalization(keras.layers.LayerNormalization):
@@ -38,7 +40,7 @@ class LayerNormalization(keras.layers.LayerNormalization):
             return super().call(inputs)
         epsilon = self.epsilon
 
-        @tf.custom_gradient
+        @custom_gradient
         def normalize(x, gamma, beta):
             x_hat, inv = _standardize(x, epsilon)
 

@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from keras_transformer.gradients import custom_gradient
 from keras_transformer.special_ids import PAD_ID
 
 
@@ -75,5 +76,5 @@ class Packing:
         """function(x) -> (y, its gradient function): y, with that gradient unless the
         packing was made with custom_gradient=False."""
         if self.custom_gradient:
-            return tf.custom_gradient(function)(x)
+            return custom_gradient(function)(x)
         return function(x)[0]
