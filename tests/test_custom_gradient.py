@@ -4,6 +4,7 @@ traced graph dies with its tf.function (tf.custom_gradient's registry kept every
 import gc
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from conftest import CONFIG
@@ -48,6 +49,7 @@ def _func_graphs():
     return sum(type(o).__name__.endswith("FuncGraph") for o in gc.get_objects())
 
 
+@pytest.mark.slow
 def test_a_traced_model_and_its_training_gradient_leave_no_graph_behind():
     """The layer norms and the loss have closed-form gradients; every trace of a model's
     forward and backward pass is freed with its function."""
