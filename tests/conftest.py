@@ -30,6 +30,9 @@ import tensorflow as tf  # noqa: E402
 from keras_transformer import (EOS_ID, DecodeConfig, Transformer,  # noqa: E402
                                TransformerConfig, TransformerStep, sequence_log_probs)
 from programs import program, succeeded  # noqa: E402 (the session's builds run them)
+from suite_report import (pytest_addoption, pytest_runtest_logreport,  # noqa: E402,F401
+                          pytest_runtest_makereport, pytest_runtest_setup,
+                          pytest_sessionfinish, pytest_terminal_summary)
 
 REPO = Path(__file__).resolve().parents[1]
 # Multi30k as ../shared/data/multi30k holds it beside a development checkout, or where
@@ -397,3 +400,24 @@ def pytest_collection_modifyitems(config, items):
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+
+
+_LIBC = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _memory_back_to_the_system():
+    """When a module ends, `decode`'s traced searches of its models go, and what they held
+    goes back to the system (glibc keeps freed heap in its arenas otherwise). TensorFlow's
+    oneDNN allocator keeps its own pool at its peak whatever one does: a worker's resident
+    memory is the most its tests held at once."""
+    yield
+    _TRACED.clear()
+    if os.environ.get("SUITE_NO_TRIM"):
+        return
+    import ctypes
+    import gc
+    gc.collect()
+    global _LIBC
+    _LIBC = _LIBC or ctypes.CDLL("libc.so.6")
+    _LIBC.malloc_trim(0)
