@@ -155,3 +155,76 @@ def test_an_option_beyond_the_exports_limits_is_the_signatures_error_in_one_line
                   stdin=b"one\ntwo\n")
     assert bad.returncode == 2 and bad.stdout == "", bad
     assert bad.stderr.strip().splitlines()[-1] == f"trainer.translate: error: {message}"
+
+
+def test_signature_chooses_the_signature_whose_hypotheses_are_printed(exported, loaded,
+                                                                      tmp_path):
+    """--signature=nbest prints the nbest signature's k hypotheses per input line, best
+    first; a signature the export lacks is refused naming those it has."""
+    texts = sources(3)
+    result = succeeded(program("translate", f"--saved_model={exported.version_dir}",
+                               "--signature=nbest", cwd=tmp_path,
+                               stdin="\n".join(texts).encode() + b"\n"))
+    expected = loaded.signatures["nbest"](inputs=tf.constant(texts))["translations"].numpy()
+    assert expected.shape[1] > 1  # several lines per input: not serving_default's one
+    assert result.stdout.split("\n")[:-1] == [t.decode() for t in expected.ravel()]
+    bad = program("translate", f"--saved_model={exported.version_dir}", "--signature=nbset",
+                  cwd=tmp_path, stdin=b"one\n")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines()[-1] == (
+        f"trainer.translate: error: --signature=nbset is not one of "
+        f"{sorted(loaded.signatures)}")
+
+
+def test_export_max_beam_size_bounds_what_a_request_may_ask(exported, tmp_path):
+    """trainer.export --max_beam_size=2: its export.json holds 2, a request for beam 3 is
+    that row's error and trainer.translate's one line, and beam 2 still translates. (This
+    test exports on its own: the limit is what it checks.)"""
+    import json
+    succeeded(program("export", f"--model_dir={exported.model_dir}",
+                      f"--export_dir={tmp_path / 'export'}", "--max_beam_size=2",
+                      cwd=tmp_path))
+    version = tmp_path / "export" / "1"
+    assert json.loads((version / "assets.extra" / "export.json").read_text())["max_beam_size"] == 2
+    translate = ("translate", f"--saved_model={version}")
+    bad = program(*translate, "--beam_size=3", cwd=tmp_path, stdin=b"one\n")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines()[-1] == \
+        "trainer.translate: error: beam_size must be in [1, 2], got 3"
+    good = succeeded(program(*translate, "--beam_size=2", "--num_hypotheses=2", cwd=tmp_path,
+                             stdin=b"one\ntwo\n"))
+    assert len(good.stdout.split("\n")[:-1]) == 4
+
+
+@pytest.mark.parametrize("flags, option, value", [
+    (["--stopping=exact"], "stopping", "exact"),
+    (["--stopping=first", "--patience=0.5"], "patience", 0.5),
+    (["--max_extra_length=1"], "max_extra_length", 1)], ids=lambda v: str(v))
+def test_each_search_flag_reaches_the_signature_and_changes_the_hypotheses(
+        exported, loaded, flags, option, value, tmp_path):
+    """translate --num_hypotheses=4 with search flags prints translate_with_options'
+    4-best lists at the flags' values, the export's (trainer.task's search) for the
+    others, and they are not the lists with `option` at the export's value: the flag
+    reached the signature."""
+    texts = sources(4)
+    result = succeeded(program("translate", f"--saved_model={exported.version_dir}",
+                               "--num_hypotheses=4", *flags, cwd=tmp_path,
+                               stdin="\n".join(texts).encode() + b"\n"))
+    # trainer.task's search, stated: beam 4, alpha 0.6, stopping as Transformers stops,
+    # patience 1, input length + 50.
+    export = {"beam_size": 4, "alpha": 0.6, "stopping": "transformers", "patience": 1.0,
+              "max_extra_length": 50}
+    asked = {**export, **{f[2:].split("=")[0]: type(export[f[2:].split("=")[0]])(
+        f.split("=")[1]) for f in flags}}
+
+    def four_best(**settings):
+        outputs = loaded.signatures["translate_with_options"](
+            inputs=tf.constant(texts), target_prefix=tf.constant([""] * len(texts)),
+            min_length=tf.constant(0), num_hypotheses=tf.constant(4),
+            **{k: tf.constant(v) for k, v in settings.items()})
+        return [t.decode() for t in outputs["translations"].numpy().ravel()]
+
+    expected = four_best(**asked)
+    assert asked[option] == value
+    assert result.stdout.split("\n")[:-1] == expected
+    assert expected != four_best(**{**asked, option: export[option]})
