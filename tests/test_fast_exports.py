@@ -162,20 +162,28 @@ def test_the_shortlist_is_stored_and_ranks_fewer_pieces_than_the_vocabulary(expo
 def test_the_int8_and_shortlist_exports_answer_bad_requests_as_the_float32_one(exports):
     import tensorflow_text  # noqa: F401
     loaded = {name: tf.saved_model.load(str(version)) for name, version in exports.items()}
-    texts = tf.constant(["", "  ", b"\xff\xfe broken utf-8", "twenty-one"])
+    # Invalid UTF-8 alone, and within a number the model translates: replaced by U+FFFD,
+    # its bytes change neither's translation.
+    texts = tf.constant(["", "  ", b"\xff\xfe broken utf-8", "twenty-one",
+                         b"three \xff\xfe thousand", "three \ufffd\ufffd thousand"])
     answers = {name: m.signatures["serving_default"](inputs=texts)["translations"].numpy()
                for name, m in loaded.items()}
+    # Nothing to translate gives ""; the rest get float32's translations, every item.
+    assert answers["float32"][:2].tolist() == [b"", b""]
+    assert all(answers["float32"][2:]), answers["float32"]
+    assert answers["float32"][4] == answers["float32"][5]
     for name in ("int8", "int8_bfloat16", "shortlist"):
-        assert answers[name][:2].tolist() == answers["float32"][:2].tolist() == [b"", b""]
-        assert answers[name][3] == answers["float32"][3]
+        assert answers[name].tolist() == answers["float32"].tolist(), name
     for name, m in loaded.items():
         bad = m.signatures["translate_with_options"](
-            inputs=texts, target_prefix=tf.constant([""] * 4),
-            **request_inputs("translate_with_options", DecodeConfig(), 4,
-                             beam_size=[4, 9, 4, 4]))
+            inputs=texts, target_prefix=tf.constant([""] * 6),
+            **request_inputs("translate_with_options", DecodeConfig(), 6,
+                             beam_size=[4, 9, 4, 4, 4, 4]))
         assert [e.decode() for e in bad["error"].numpy()] == [
-            "", "beam_size must be in [1, 8], got 9", "", ""], name
-        assert bad["translations"][3, 0] == answers["float32"][3]
+            "", "beam_size must be in [1, 8], got 9", "", "", "", ""], name
+        # The bad row answers "" and the others as serving_default does.
+        assert bad["translations"][:, 0].numpy().tolist() == [
+            answers["float32"][0], b"", *answers["float32"][2:]], name
         with pytest.raises(tf.errors.InvalidArgumentError, match="one entry per input"):
             m.signatures["translate_with_options"](
                 inputs=texts, target_prefix=tf.constant([""]),
