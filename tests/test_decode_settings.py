@@ -42,6 +42,20 @@ def test_a_run_stores_its_search_flags_which_the_export_uses_unless_a_flag_overr
         2, 1.3, "average", "transformers")
 
 
+# The paper's search, written out here rather than read from the library's defaults (section
+# 6.1): "beam search with a beam size of 4 and length penalty alpha = 0.6" (Wu et al.'s
+# ((5 + |Y|) / 6)^alpha), the plain search that stops once no live beam can still win, and
+# "maximum output length during inference to input length + 50" (no cap of its own but the
+# model's positions), and no minimum length.
+PAPER = {"beam_size": 4, "alpha": 0.6, "length_penalty": "gnmt", "stopping": "exact",
+         "max_extra_length": 50, "max_length": None, "min_length": 0}
+
+
+def _search(decode: DecodeConfig) -> dict:
+    """The fields of `decode` that PAPER fixes."""
+    return {name: getattr(decode, name) for name in PAPER}
+
+
 def test_a_model_directory_without_settings_translates_with_the_papers(exported, tmp_path):
     """A directory written before config.json held the settings."""
     from trainer.serving import saved_model
@@ -51,12 +65,14 @@ def test_a_model_directory_without_settings_translates_with_the_papers(exported,
     config.pop("decode", None)
     (model_dir / "config.json").write_text(json.dumps({"model": config["model"]}))
     translator, _ = saved_model.build_translator(str(model_dir))
-    assert translator.decode == DecodeConfig()
-    config["decode"] = {"beam_size": 2, "length_penalty": "average", "max_length": 2}
+    assert _search(translator.decode) == PAPER and translator.decode == DecodeConfig()
+    given = {"beam_size": 2, "length_penalty": "average", "max_length": 2}
+    config["decode"] = given
     (model_dir / "config.json").write_text(json.dumps(config))
     translator, _ = saved_model.build_translator(str(model_dir))
-    assert translator.decode == DecodeConfig(beam_size=2, length_penalty="average",
-                                             max_length=2)
+    # The settings given, and the paper's for the rest.
+    assert _search(translator.decode) == {**PAPER, **given}
+    assert translator.decode == DecodeConfig(**given)
     # Its search keeps to them: 2 beams, outputs of max_length - 1 tokens: EOS alone.
     result = translator.search(translator.source_ids(
         tf.constant(["three hundred and twenty-five thousand four hundred and one"])),
