@@ -153,11 +153,13 @@ def test_kill_9s_at_five_random_moments_change_no_bit_of_the_trained_weights(tmp
 def test_a_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
         tmp_path, interval):
     """With interval 4 the host reads every 4th update: the step named is still the
-    first bad one, and no checkpoint is written after it."""
+    first bad one, and no checkpoint is written after it. A learning rate 1e11 times the
+    schedule's diverges at step 9 here, after checkpoints (the scale is no gauge: 1e12
+    diverged at step 2, before any)."""
     model_dir = str(tmp_path / "run")
     result = program("task", *QUICK, "--precision=float32", "--train_steps=200",
                      f"--checkpoint_every={interval}", f"--log_every={interval}",
-                     "--learning_rate_scale=1e12", f"--model_dir={model_dir}")
+                     "--learning_rate_scale=1e11", f"--model_dir={model_dir}")
     assert result.returncode == 1
     message = result.stderr.strip().splitlines()[-1]
     assert "non-finite loss" in message and "at step" in message, message
@@ -166,10 +168,7 @@ def test_a_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpo
               if line.startswith("step ")]
     assert all(s < step for s in logged) and all(s % interval == 0 for s in logged)
     good = (step - 1) // interval * interval
-    if good == 0:
-        assert tf.train.latest_checkpoint(model_dir) is None
-        assert "no checkpoint" in message
-        return
+    assert good > 0, f"diverged at step {step}, before any checkpoint: {message}"
     assert latest_step(model_dir) == good
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(model_dir))
     for name, _ in tf.train.list_variables(tf.train.latest_checkpoint(model_dir)):
@@ -187,6 +186,44 @@ def test_flags_are_checked_without_tensorflow():
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "512", result.stderr
+
+
+# `python -m trainer.task ARGS` in a Python where `import tensorflow` (and keras, which
+# imports it) raises ImportError.
+WITHOUT_TENSORFLOW = ("import runpy, sys\n"
+                      "sys.modules['tensorflow'] = sys.modules['keras'] = None\n"
+                      "sys.argv = ['trainer.task', *sys.argv[1:]]\n"
+                      "runpy.run_module('trainer.task', run_name='__main__', alter_sys=True)")
+
+
+def test_a_bad_flag_is_reported_by_a_python_that_cannot_import_tensorflow(tmp_path):
+    """trainer.task, as `python -m` runs it, in a Python that cannot import TensorFlow:
+    a bad flag of each kind of check (absl's parse, the preset, the data files, the
+    configs' checks, main's own) is still its one-line error with status 2, so none of
+    them waited for TensorFlow. Good flags reach the import and fail on it: the block is
+    in force."""
+    model_dir = tmp_path / "run"
+    for flags, expected in [
+            (["--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
+            (["--config=huge"], "unknown preset --config=huge"),
+            (["--train_src=/nonexistent/train.en", "--train_tgt=/nonexistent/train.de"],
+             "--train_src=/nonexistent/train.en: no such file"),
+            (["--max_len=128", "--batch_tokens=64"], "batch_tokens=64 is less than max_len=128"),
+            (["--deterministic", "--subword_sampling=0.1"],
+             "--deterministic contradicts --subword_sampling")]:
+        result = subprocess.run([sys.executable, "-c", WITHOUT_TENSORFLOW, *flags,
+                                 f"--model_dir={model_dir}"], cwd=REPO, capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 2, result.stderr[-3000:]
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("trainer.task: error: "), result.stderr
+        assert expected in lines[0]
+        assert not model_dir.exists()
+    good = subprocess.run([sys.executable, "-c", WITHOUT_TENSORFLOW, "--train_steps=1",
+                           "--export_dir=none", f"--model_dir={model_dir}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert good.returncode == 1 and "import of tensorflow halted" in good.stderr, \
+        good.stderr[-3000:]
 
 
 # Real files for the checks that come after "no such file".
