@@ -1,14 +1,17 @@
 """docs/troubleshooting.md's messages, each made by the program it names: a table of rows
 (the command, the message as the doc writes it, the exit status), each run as that
 program runs (tests/programs.py: its main, flags and one-line failure, in this process;
-test_cli checks that this says what a process of its own says), with a check that every
+test_cli checks that this says what a process of its own says; trainer.data.multi30k,
+whose flags only its __main__ defines, in a process of its own), with a check that every
 row's message is the doc's own words, so that neither drifts from the other. The rows are
 the doc's messages that no other test makes a program print.
 
 A message is written as the doc writes it: its placeholders (DIR, PATH, N, M) stand for
 what the row names, and "..." for what the doc leaves out. Most rows stop at a flag or a
-file, before any model is read; those that read a model directory or an export copy the
-session's (`exported`) and damage the copy, and are slow (the fixture trains and exports)."""
+file, before any model is read (a fraction of a second each); those that read a model
+directory or an export copy the session's (`exported`), damage the copy, and are marked
+slow (the fixture trains and exports). The missing ctranslate2 extra is a ctranslate2
+that does not import (sys.modules holds None for it), as where it is not installed."""
 
 import dataclasses
 import json
@@ -126,8 +129,8 @@ def another_model(given: Given) -> Command:
 
 def key_dim_not_value_dim(given: Given) -> Command:
     """A model directory of the session's vocabulary and a tiny model whose values are
-    wider than its keys, in a checkpoint of its first weights (what CTranslate2 cannot
-    hold does not depend on them)."""
+    wider than its keys, in a checkpoint of its initial weights (what CTranslate2 cannot
+    hold does not depend on them: nothing is trained)."""
     import tensorflow as tf
 
     from keras_transformer import Transformer, TransformerConfig
@@ -186,19 +189,15 @@ def used_directory(given: Given) -> Command:
     return Command([f"--output_dir={given.path('used')}"], {"DIR": str(given.path("used"))})
 
 
-def only(n: str, directory: str) -> Dict[str, str]:
-    return {"N": n, "DIR": directory}
-
-
 def averaged_over_fewer(given: Given) -> Command:
     model_dir = given.model_dir()
-    return Command([f"--model_dir={model_dir}", "--last=5"], only("2", str(model_dir)))
+    return Command([f"--model_dir={model_dir}", "--last=5"], {"N": "2", "DIR": str(model_dir)})
 
 
 def exported_over_fewer(given: Given) -> Command:
     model_dir = given.model_dir()
     return Command([f"--model_dir={model_dir}", "--average_last=5", "--format=ctranslate2",
-                    f"--export_dir={given.path('out')}"], only("2", str(model_dir)))
+                    f"--export_dir={given.path('out')}"], {"N": "2", "DIR": str(model_dir)})
 
 
 def early_stopping_on_two_workers(given: Given) -> Command:
@@ -274,6 +273,11 @@ ROWS = {
     "average-only_n": Row(
         "average", "trainer.average: only N checkpoints in DIR; averaging them", 0,
         averaged_over_fewer, model=True),
+    "export-no_moving_average": Row(
+        "export", "PATH holds no moving average of the weights: train with --ema_decay to keep "
+        "one", 2, lambda given: Command(
+            [f"--model_dir={given.model_dir()}", "--export_weights=ema"],
+            {"PATH": str(given.path("model") / "ckpt-30")}), model=True),
     "export-no_best": Row(
         "export", "no best checkpoint in DIR/best: train with --keep_best", 2,
         lambda given: Command([f"--model_dir={given.config_only()}", "--export_weights=best"],
@@ -370,6 +374,7 @@ def test_a_program_prints_the_docs_message_with_its_status(row, tmp_path, reques
     assert result.returncode == row.status, result
     expected = expected_line(row, command.names)
     if row.status:
+        assert "Traceback" not in result.stderr, result.stderr
         assert lines and expected.match(lines[-1]), (expected.pattern, result.stderr)
     else:
         assert [line for line in lines if expected.match(line)], (expected.pattern,
