@@ -44,17 +44,24 @@ def trained(main_job, tmp_path_factory):
 
 
 def test_the_export_says_how_to_search_as_the_model_directory_does(trained):
-    """The main job stored trainer.task's search: the paper's gnmt penalty at alpha 0.6,
-    which CTranslate2 cannot rank by, and Hugging Face's stopping rule, which it cannot stop
-    by: one line says both. An average penalty and CTranslate2's own stopping rule pass
-    through as request options."""
+    """The main job stored trainer.task's search: beam 4, patience 1, the paper's gnmt
+    penalty at alpha 0.6, which CTranslate2 cannot rank by, and Hugging Face's stopping
+    rule, which it cannot stop by: one line gives the request options and says both. An
+    average penalty and CTranslate2's own stopping rule pass through as request options."""
+    import json
     from keras_transformer import DecodeConfig
-    from trainer.config import TRAINED_DECODE
     from trainer.serving.ctranslate2 import search_note
+    stored = json.loads((trained[0] / "config.json").read_text())["decode"]
+    assert (stored["beam_size"], stored["alpha"], stored["length_penalty"],
+            stored["stopping"], stored["patience"], stored["min_length"]) == (
+        4, 0.6, "gnmt", "transformers", 1.0, 0)
     lines = [line for line in trained[3].splitlines() if "CTranslate2" in line]
-    assert lines == [search_note(TRAINED_DECODE)], trained[3][-2000:]
-    assert "gnmt" in lines[0] and "length_penalty=0.6" in lines[0]
-    assert "not by the model directory's transformers rule" in lines[0]
+    assert lines == [
+        "CTranslate2 cannot search as the model directory does: translate_batch(..., "
+        "beam_size=4, length_penalty=0.6, patience=1) ranks by length^0.6, not by the model "
+        "directory's gnmt length penalty ((5 + length) / 6)^0.6; it ends a sentence once "
+        "beam_size x patience hypotheses have finished (stopping=first), not by the model "
+        "directory's transformers rule"], trained[3][-2000:]
     assert search_note(DecodeConfig(beam_size=5, alpha=1.0, length_penalty="average",
                                     stopping="first", patience=2.0)) == (
         "CTranslate2 takes the search per request: translate_batch(..., beam_size=5, "
