@@ -101,6 +101,73 @@ def test_ctranslate2_beam_search_agrees_with_the_saved_model(trained):
     assert agree >= 0.95, [(a, b) for a, b in zip(ours, theirs) if a != b][:5]
 
 
+def export_average_first(model_dir: Path, root: Path):
+    """trainer.export of model_dir's SavedModel, searching as the CTranslate2 export's note
+    says CTranslate2 does: the average length penalty and the first stopping rule (the
+    model directory's beam 4 and alpha 0.6 kept), into root/saved_model."""
+    succeeded(program("export", f"--model_dir={model_dir}", "--length_penalty=average",
+                      "--stopping=first", f"--export_dir={root / 'saved_model'}"))
+
+
+def test_at_equal_rules_beam_search_gives_the_saved_models_tokens_and_scores(
+        trained, tmp_path_factory):
+    """At the rules CTranslate2 searches by (the average penalty, the first rule, the same
+    beam 4, alpha 0.6 and patience, the same maximum length), its beam search over the
+    float32 conversion gives the SavedModel's outputs, token for token, and its scores.
+
+    The main job's SavedModel ranks by gnmt, which no request can change (the length
+    penalty is an export setting), so this test exports one at average and first (16 s),
+    once per test run."""
+    import sentencepiece as spm
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+    model_dir, _, ct2_dir, _ = trained
+    root = built_once(tmp_path_factory, "saved_model_average_first",
+                      lambda root: export_average_first(model_dir, root), model_dir)
+    loaded = tf.saved_model.load(str(root / "saved_model" / "1"))
+    sp = spm.SentencePieceProcessor(model_file=str(ct2_dir / "spm.model"))
+    texts = sources(200)
+    source = [sp.encode(text) + [3] for text in texts]  # EOS ends every source
+    width = max(map(len, source))
+    ours = loaded.signatures["translate_ids"](
+        source_ids=tf.constant([row + [0] * (width - len(row)) for row in source]))
+    ids, lengths, scores = (ours[key].numpy() for key in ("ids", "lengths", "scores"))
+    translator = ctranslate2.Translator(str(ct2_dir), device="cpu", intra_threads=2)
+
+    def translate(**suppress):
+        """CTranslate2's best hypothesis of each text (its ids) and its score. Ours ends an
+        output at the source's ids + 50, EOS included: CTranslate2's maximum is one per
+        request, so each request holds the sources of one length."""
+        found, found_scores = [None] * len(texts), np.zeros(len(texts))
+        for length in sorted(set(map(len, source))):
+            rows = [i for i, row in enumerate(source) if len(row) == length]
+            results = translator.translate_batch(
+                [sp.encode(texts[i], out_type=str) for i in rows], beam_size=4,
+                length_penalty=0.6, patience=1, max_decoding_length=length + 50,
+                min_decoding_length=0, return_scores=True, **suppress)
+            for i, result in zip(rows, results):
+                found[i] = [sp.piece_to_id(p) for p in result.hypotheses[0]]
+                found_scores[i] = result.scores[0]
+        return found, found_scores
+
+    # Both softmaxes over the whole vocabulary (ours never emits PAD or BOS, it ranks them
+    # out after the softmax): CTranslate2 emits neither here either.
+    found, found_scores = translate()
+    for row, (theirs, length) in enumerate(zip(found, lengths)):
+        assert ids[row, :length].tolist() == theirs + [3], texts[row]
+    # Measured: within 7.3e-7 (2.5e-7 on average) of scores near -0.2 to -0.4, float32's
+    # rounding of a sum over at most 10 tokens; 1e-5 leaves room for other kernels, and is
+    # a tenth of what one token's share of 2e-4 (PAD's, below) moves a score.
+    np.testing.assert_allclose(found_scores, scores, atol=1e-5, rtol=0)
+    # suppress_sequences (SUPPRESS, as docs/serving.md's client asks) takes PAD and BOS
+    # out of CTranslate2's softmax: the same tokens, each scored higher by the share the
+    # model gives those two ids (label smoothing's 0.1 / 500 each once trained): measured
+    # 5.1e-4 to 1.2e-3 higher.
+    suppressed, suppressed_scores = translate(suppress_sequences=SUPPRESS)
+    assert suppressed == found
+    assert np.all(suppressed_scores - scores > 1e-4) and np.all(suppressed_scores - scores < 3e-3)
+
+
 def test_with_beam_1_and_alpha_0_the_outputs_are_identical_token_for_token(trained):
     """CTranslate2's beam 1 is greedy: the most probable token at every step. Our beam
     search of size 1 is not quite (an output that ended with EOS competes with the live

@@ -273,26 +273,28 @@ def _generate(torch, transformers, checkpoint, texts):
     return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
+def _byte_piece_inputs():
+    """The inputs of NUMBER_WORDS whose German has an "ö", which the main job's vocabulary
+    spells with byte pieces."""
+    return [english(n) for n in NUMBER_WORDS if "ö" in german(n)]
+
+
 @pytest.mark.xdist_group("main_job")
 def test_a_model_back_from_hugging_face_writes_byte_pieces_as_their_characters(
         main_job_marian, tmp_path):
     """Exported to Marian and converted back, a model trained here keeps its byte pieces'
     characters: its default export (the Translator the SavedModel saves; the detokenizer's
     saved form is tests/test_tokenizer.py's) and its Marian export again write "zwölf" as
-    generate() does on the first export, not "zw<0xC3><0xB6>lf"; its CTranslate2 export,
-    read by its target SentencePiece model as docs/serving.md's client reads it, writes
-    what our search by CTranslate2's stopping rule writes."""
+    generate() does on the first export, not "zw<0xC3><0xB6>lf"."""
     torch = pytest.importorskip("torch", reason="Transformers needs torch: pip install torch")
     transformers = pytest.importorskip("transformers", reason="pip install transformers")
-    ctranslate2 = pytest.importorskip("ctranslate2")
-    import sentencepiece as spm
-    from trainer.serving import ctranslate2 as ct2_export, saved_model
+    from trainer.serving import saved_model
     model_dir, out, back = main_job_marian
     target = vocabulary.load_or_train(str(back), None).target
     pieces = target.id_to_piece(target.tokenize(tf.constant(["zwölf"]))[0]).numpy().tolist()
     assert b"<0xC3>" in pieces and b"<0xB6>" in pieces  # and id_to_piece keeps their names
 
-    inputs = [english(n) for n in NUMBER_WORDS if "ö" in german(n)]
+    inputs = _byte_piece_inputs()
     expected = _generate(torch, transformers, out, inputs)
     assert len(inputs) >= 5 and sum("ö" in text for text in expected) >= len(inputs) / 2, \
         expected
@@ -301,11 +303,31 @@ def test_a_model_back_from_hugging_face_writes_byte_pieces_as_their_characters(
     found = translator.translate(tf.constant(inputs))["translations"].numpy()
     assert [text.decode("utf-8") for text in found] == expected
 
+    again = marian_export.export(str(back), str(tmp_path / "again"))
+    assert _generate(torch, transformers, again, inputs) == expected
+
+
+@pytest.mark.xdist_group("main_job")
+def test_a_model_back_from_hugging_face_translates_in_ctranslate2_as_our_search_does(
+        main_job_marian, tmp_path):
+    """Converted back from its Marian export, the main job's model exported to CTranslate2
+    and read by its target SentencePiece model as docs/serving.md's client reads it writes
+    what our search writes at CTranslate2's rules (the converted directory's average
+    penalty, alpha and max_length, the first stopping rule), byte pieces as their
+    characters. Needs ctranslate2 only."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    import sentencepiece as spm
+    from trainer.serving import ctranslate2 as ct2_export, saved_model
+    _, _, back = main_job_marian
+    inputs = _byte_piece_inputs()
+    assert len(inputs) >= 5
+    translator, _ = saved_model.build_translator(str(back))
     ct2_dir = ct2_export.export(str(back), str(tmp_path / "ct2"),
                                 ct2_export.Options(quantization="float32"))
     source, target_spm = (spm.SentencePieceProcessor(model_file=f"{ct2_dir}/{name}")
                           for name in (vocabulary.SOURCE_MODEL, vocabulary.TARGET_MODEL))
     decode = layout.load_decode(str(back))
+    assert decode.length_penalty == "average"  # the converted checkpoint's, generate()'s
     results = ctranslate2.Translator(ct2_dir, device="cpu", intra_threads=2).translate_batch(
         [source.encode(text, out_type=str) for text in inputs], beam_size=decode.beam_size,
         length_penalty=decode.alpha, max_decoding_length=decode.max_length - 1,
@@ -319,9 +341,6 @@ def test_a_model_back_from_hugging_face_writes_byte_pieces_as_their_characters(
     assert theirs == [text.decode("utf-8") for text in ours]
     assert not any("<0x" in text for text in theirs)
     assert sum("ö" in text for text in theirs) >= len(inputs) / 2, theirs
-
-    again = marian_export.export(str(back), str(tmp_path / "again"))
-    assert _generate(torch, transformers, again, inputs) == expected
 
 
 @pytest.mark.xdist_group("main_job")
