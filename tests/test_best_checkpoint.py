@@ -6,10 +6,11 @@ the real program (its main, in this process: programs.program)."""
 import json
 import re
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import QUICK
+from conftest import QUICK, checkpoint_weights, exported_weights
 from programs import program
 
 pytestmark = pytest.mark.slow
@@ -72,3 +73,12 @@ def test_early_stopping_stops_says_why_exports_the_best_and_resumes_with_its_cou
     assert kept.endswith("best/ckpt-5")
     info = json.loads((export_dir / "1" / "assets.extra" / "export.json").read_text())
     assert info["checkpoints"] == [kept] and info["weights"] == "best"
+    # What it says it shipped is what it shipped: every exported variable is the best
+    # checkpoint's, and not the last checkpoint's, 15 updates later.
+    shipped, best = exported_weights(export_dir / "1"), checkpoint_weights(model_dir, kept)
+    assert len(shipped) == len(best)
+    for weight, want in zip(shipped, best):
+        np.testing.assert_array_equal(weight, want)
+    last = checkpoint_weights(model_dir)
+    assert sum(not np.array_equal(weight, w) for weight, w in zip(shipped, last)) > \
+        len(last) / 2
