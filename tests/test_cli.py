@@ -2,6 +2,8 @@
 returns what it does in a process of its own (trainer.cli.run): the tests that check a
 program's messages that way check what a user sees."""
 
+import contextlib
+import io
 import subprocess
 import sys
 
@@ -41,6 +43,27 @@ def test_flags_start_from_their_defaults_in_every_call(tmp_path):
     second = program("task", "--batch_tokens=32", f"--model_dir={taken}")
     assert second.stderr.startswith("trainer.task: error: batch_tokens=32 is less than "
                                     f"max_len={DataConfig.max_len}:"), second.stderr
+
+
+def test_call_parses_each_call_from_the_flags_defaults(tmp_path):
+    """trainer.cli.call itself, the in-process run of tests/programs.py, gives a program
+    its flags from their defaults on every call: trainer.task's main called again through
+    it, its flags not defined afresh in between (programs.program does that too, which
+    hides a call that kept the last call's flags), does not see the first call's
+    --max_len. (A file as --model_dir: a run past the flags' checks stops there.)"""
+    from trainer import cli
+    taken = tmp_path / "taken"
+    taken.write_text("not a model directory\n")
+    first = program("task", "--max_len=16", "--batch_tokens=8", f"--model_dir={taken}")
+    assert first.stderr.startswith(
+        "trainer.task: error: batch_tokens=8 is less than max_len=16:"), first.stderr
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as stopped:
+        cli.call(sys.modules["trainer.task"].main,
+                 ["trainer.task", "--batch_tokens=32", f"--model_dir={taken}"])
+    assert stopped.value.code == 2
+    assert err.getvalue().startswith("trainer.task: error: batch_tokens=32 is less than "
+                                     f"max_len={DataConfig.max_len}:"), err.getvalue()
 
 
 # A program whose main returns: what it printed, and a file its exit handler writes.
