@@ -4,6 +4,10 @@ search on a step whose non-candidates are masked. Untrained tiny models, in seco
 
 import collections
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -19,6 +23,7 @@ from keras_transformer.search import WrappedStep
 from keras_transformer.shortlist import SPECIAL_IDS, Shortlist
 
 VOCAB = 40
+TESTS = Path(__file__).resolve().parent
 
 
 def random_corpus(seed, pairs=200, source_vocab=VOCAB, target_vocab=VOCAB):
@@ -153,15 +158,10 @@ def test_beam_search_over_the_candidates_is_the_masked_full_search(weights):
     assert (ids == EOS_ID).sum(axis=-1).max() == 1  # every output ends once
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int8_bfloat16"])
-def test_each_call_ranks_its_own_batchs_candidates(weights, monkeypatch):
+def check_each_call_ranks_its_own_batchs_candidates(weights):
     """One traced search called on two batches whose candidates differ: the second call's
     results are those of a search that never saw the first (no kernel kept the first
-    batch's projection rows as a constant weight), also with the serving page's
-    TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1 (read as each kernel is made), under which oneDNN's
-    fused matmul + bias keeps the first right-hand side it saw."""
-    monkeypatch.setenv("TF_ONEDNN_ASSUME_FROZEN_WEIGHTS", "1")
+    batch's projection rows as a constant weight)."""
     model, step_weights = model_and_step_weights(weights, output_bias=True)
     shortlist = small_shortlist()
 
@@ -181,13 +181,50 @@ def test_each_call_ranks_its_own_batchs_candidates(weights, monkeypatch):
             break
         found[candidates] = sources
     else:
-        pytest.fail("no two sources with as many candidates and different ones")
+        raise AssertionError("no two sources with as many candidates and different ones")
     fresh = tf.function(search)(second)
     reused = tf.function(search)
     reused(first)
     again = reused(second)
     np.testing.assert_array_equal(again.ids.numpy(), fresh.ids.numpy())
     np.testing.assert_allclose(again.scores.numpy(), fresh.scores.numpy(), atol=1e-6)
+
+
+WEIGHTS = ["float32", "bfloat16", "int8", "int8_bfloat16"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", WEIGHTS)
+def test_each_call_ranks_its_own_batchs_candidates(weights):
+    check_each_call_ranks_its_own_batchs_candidates(weights)
+
+
+# The check above for each kind of weights named on the command line, in this directory's
+# module as a fresh Python imports it.
+_FROZEN = """
+import os, sys
+import test_shortlist
+assert os.environ["TF_ONEDNN_ASSUME_FROZEN_WEIGHTS"] == "1"
+for weights in sys.argv[1:]:
+    test_shortlist.check_each_call_ranks_its_own_batchs_candidates(weights)
+print("checked", *sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+def test_each_call_ranks_its_own_batchs_candidates_with_frozen_weights():
+    """The same, in a Python started with the serving page's
+    TF_ONEDNN_ASSUME_FROZEN_WEIGHTS=1, which oneDNN reads once, before its first kernel
+    (set in a running test process, it would not be in force): under it a fused
+    matmul + bias keeps the first right-hand side it saw, and a shortlist's projection
+    rows, a batch's own, must not go through one. One process for every kind of weights
+    (TensorFlow's start-up, 6-9 s)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ONEDNN_ASSUME_FROZEN_WEIGHTS": "1",
+           "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}
+    result = subprocess.run([sys.executable, "-c", _FROZEN, *WEIGHTS], cwd=TESTS, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == " ".join(["checked", *WEIGHTS])
 
 
 def test_a_shortlist_of_every_piece_changes_nothing():
