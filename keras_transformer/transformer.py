@@ -13,6 +13,7 @@ from keras_transformer.encoder import Encoder
 from keras_transformer.masking import causal_mask, padding_mask
 from keras_transformer.packing import Packing
 from keras_transformer.positional import PositionalEncoding
+from keras_transformer.residual import Residual
 from keras_transformer.special_ids import BOS_ID, PAD_ID
 
 
@@ -245,6 +246,17 @@ class Transformer(keras.Model):
                                      index if fixed_width else None)  # [rows, d_model]
         with tf.name_scope("output_projection"):  # a profile's label (DecoderLayer.step)
             return self.embedding.step_logits(x, weights["embedding"]), cache
+
+    def follow_dropout(self, rate: tf.Variable):
+        """Makes every P_drop dropout (section 5.4: on each sublayer's output and on the
+        embeddings' sums with the positional encodings; not attention_dropout) read its
+        rate from `rate`, a float32 [] variable, at every call: a schedule of the rate
+        without tracing the update again. Needs config.dropout > 0 (`Dropout.follow`)."""
+        for layer in self._flatten_layers():
+            if isinstance(layer, Residual):
+                layer.dropout_layer.follow(rate)
+        self.source_dropout_layer.follow(rate)
+        self.target_dropout_layer.follow(rate)
 
     def call(self, inputs, training=None):
         source_ids, target_input_ids = inputs
