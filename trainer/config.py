@@ -11,6 +11,7 @@ import os
 from typing import Dict, List, Optional, Tuple
 
 from keras_transformer.config import DecodeConfig
+from trainer.training.dropout_schedule import DropoutSchedule
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 # RunConfig.precision's default: measured on the machine (trainer/training/precision.py).
@@ -158,6 +159,11 @@ class RunConfig:
         first (trainer/training/cooldown.py); 0: the schedule as it is (the paper's, as the
         WMT recipes keep it). The default, 0.5, is the builtin recipe's: a short run that
         ends at a small rate gets its last answers right (bench/runs.md).
+      dropout_schedule: P_drop over the run, `rate@start,...` (e.g. "0.2@0,0.3@0.4":
+        0.2 from the start, 0.3 from 40% of the run on), the progress measured as the
+        cooldown's; needs the model's dropout > 0, which it replaces. Recorded in the model
+        directory, so a resumed run keeps it (trainer/training/dropout_schedule.py); "":
+        the model's fixed dropout.
       eval_every, checkpoint_every, keep_checkpoints, log_every: in updates; validation
         also runs at the end, and eval_every 0 never validates.
       decode: the search of validation BLEU and of the export (section 6.1).
@@ -205,6 +211,7 @@ class RunConfig:
     warmup_steps: int = 400
     learning_rate_scale: float = 1.0
     cooldown: float = 0.5
+    dropout_schedule: str = ""
     eval_every: int = 1000
     checkpoint_every: int = 250
     keep_checkpoints: int = 5
@@ -241,6 +248,8 @@ class RunConfig:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if not 0.0 <= self.cooldown <= 1.0:
             raise ValueError(f"cooldown must be in [0, 1], got {self.cooldown}")
+        if self.dropout_schedule:
+            DropoutSchedule.parse(self.dropout_schedule)  # ValueError in one line
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.export_weights not in (None, "last", "average", "ema", "best"):

@@ -25,8 +25,9 @@ from trainer.model_dir import layout, lock
 from trainer.model_dir.ema import MovingAverage
 from trainer.model_dir.weights import WeightsChoice
 from trainer.serving import client, saved_model
-from trainer.training import distribute, precision
+from trainer.training import distribute, dropout_schedule, precision
 from trainer.training.checkpointing import Checkpointer
+from trainer.training.dropout_schedule import DropoutSchedule, ScheduledRate
 from trainer.training.loop import Trainer
 from trainer.training.update import make_optimizer
 from trainer.training.validation import Validator
@@ -48,7 +49,8 @@ def build_trainer(model_config: TransformerConfig, data: input_pipeline.Data, ru
                   log: Callable[[str], None] = print) -> Trainer:
     """A Trainer given its parts: the model (run.precision, one of PRECISIONS: `auto` is
     resolved before, `trainer.training.precision.choose`), optimizer and, with
-    run.ema_decay, the moving average of the weights built in the strategy's scope, its
+    run.ema_decay, the moving average of the weights and, with run.dropout_schedule, the
+    schedule's state built in the strategy's scope, its
     checkpointer and, with `validator_args` (Validator's keyword arguments), its validator
     on the chief."""
     if run.precision not in PRECISIONS:
@@ -60,8 +62,10 @@ def build_trainer(model_config: TransformerConfig, data: input_pipeline.Data, ru
         optimizer.build(model.trainable_variables)
         moving_average = (MovingAverage(model.trainable_variables, run.ema_decay)
                           if run.ema_decay else None)
+        dropout = (ScheduledRate(DropoutSchedule.parse(run.dropout_schedule))
+                   if run.dropout_schedule else None)
     checkpointer = Checkpointer(model, optimizer, run.model_dir, run.keep_checkpoints,
-                                moving_average)
+                                moving_average, dropout)
     validator = None
     if validator_args is not None and distribute.is_chief():
         validator = Validator(model, data, run.model_dir, log=log, **validator_args)
@@ -82,6 +86,19 @@ def initialize(trainer: Trainer, init_from: str, log: Callable[[str], None] = pr
     if trainer.checkpointer.moving_average is not None:
         trainer.checkpointer.moving_average.reset(trainer.model.trainable_variables)
     log(f"initialized from {path}: its weights, with a fresh optimizer and schedule")
+
+
+def _with_dropout_schedule(model_config: TransformerConfig, run: RunConfig,
+                           log: Callable[[str], None]) -> RunConfig:
+    """run with its dropout schedule: the flag's, recorded in the model directory, or
+    the one recorded there (`dropout_schedule.resolve`)."""
+    schedule = dropout_schedule.resolve(run.dropout_schedule, run.model_dir,
+                                        distribute.is_chief(), log)
+    if schedule is not None and model_config.dropout == 0:
+        raise layout.ModelDirError(
+            f"{run.model_dir}/{dropout_schedule.RECORD} holds a dropout schedule, but this "
+            "model's dropout is 0: train it with dropout > 0 (--hparams=dropout=...)")
+    return dataclasses.replace(run, dropout_schedule=str(schedule) if schedule else "")
 
 
 def _with_precision(model_config: TransformerConfig, data: input_pipeline.Data,
@@ -137,6 +154,7 @@ def _train_and_export(model_config: TransformerConfig, data_config: DataConfig,
     model_config = sized_to_vocabulary(model_config, data.tokenizers)
     layout.save_config(run.model_dir, model_config, run.decode)
     builtin = isinstance(source, sources.BuiltinSource)
+    run = _with_dropout_schedule(model_config, run, log)
     run = _with_precision(model_config, data, run, strategy, log)
     validator_args = (dict(decode=run.decode, bleu_sentences=run.bleu_sentences,
                            bleu_tokenize="char" if builtin else run.bleu_tokenize)

@@ -95,6 +95,11 @@ flags.DEFINE_float("learning_rate_scale", RunConfig.learning_rate_scale,
 flags.DEFINE_float("cooldown", RunConfig.cooldown, "Decay the learning rate linearly to 0 over "
                    "this last fraction of the run (of --train_steps, or of "
                    "--max_train_minutes if that ends first); 0: the schedule as it is.")
+flags.DEFINE_string("dropout_schedule", RunConfig.dropout_schedule, "P_drop over the run, "
+                    "rate@start pieces such as 0.2@0,0.3@0.4 (0.2, then 0.3 from 40%% of the "
+                    "run, measured as --cooldown measures it); needs dropout > 0 "
+                    "(--hparams). Recorded in the model directory: a resumed run keeps it. "
+                    "Default: the model's fixed dropout.")
 flags.DEFINE_integer("eval_every", RunConfig.eval_every, "Validation loss and BLEU every N "
                      "updates and at the end (0: never).")
 flags.DEFINE_integer("checkpoint_every", RunConfig.checkpoint_every, "Checkpoint every N updates.")
@@ -232,6 +237,9 @@ def main(argv):
                 "cluster", {}).get("worker", [])) > 1:
             raise ValueError("--early_stopping needs one worker: only the chief validates, "
                              "and the other workers would train on")
+        if run.dropout_schedule and model.dropout == 0:
+            raise ValueError("--dropout_schedule needs dropout > 0 (--hparams=dropout=...): "
+                             "the model has no dropout to schedule")
         if run.deterministic and data.subword_sampling:
             raise ValueError("--deterministic contradicts --subword_sampling: SentencePiece "
                              "draws the segmentations from a generator no checkpoint holds")

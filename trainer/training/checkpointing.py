@@ -1,7 +1,7 @@
 """A run's checkpoints: the model, the optimizer, whose iteration count is the step, and
 the state of dropout's random numbers, so that a resumed run draws the masks an
-uninterrupted one would (the training stream's position is saved beside them:
-trainer/training/stream.py).
+uninterrupted one would, and with a dropout schedule the largest progress of the run reached
+(the training stream's position is saved beside them: trainer/training/stream.py).
 
 Every worker of a MultiWorkerMirroredStrategy takes part in saving; only the chief keeps
 what it writes (`distribute.worker_dir`). `kill -9` at any moment leaves only complete
@@ -17,11 +17,13 @@ import tensorflow as tf
 from trainer.model_dir import layout
 from trainer.model_dir.ema import MovingAverage
 from trainer.training import distribute
+from trainer.training.dropout_schedule import ScheduledRate
 
 # A float16 run's checkpoint holds its loss scale (keras.optimizers.LossScaleOptimizer).
 _LOSS_SCALE = "optimizer/dynamic_scale/"
 _MOVING_AVERAGE = "moving_average/"
 _DROPOUT_RNG = "dropout_rng/"
+_DROPOUT_PROGRESS = "dropout_progress/"
 
 
 def dropout_states(model: keras.Model):
@@ -39,15 +41,20 @@ class Checkpointer:
       keep: checkpoints kept (the oldest are deleted); averaging reads the last ones.
       moving_average: the EMA of the weights (trainer/model_dir/ema.py), if the
         run keeps one.
+      dropout: a dropout schedule's state (trainer/training/dropout_schedule.py), if the
+        run follows one: the checkpoint keeps the largest progress of the run reached.
     """
 
     def __init__(self, model, optimizer, model_dir: str, keep: int,
-                 moving_average: Optional[MovingAverage] = None):
+                 moving_average: Optional[MovingAverage] = None,
+                 dropout: Optional[ScheduledRate] = None):
         self.model_dir, self.model, self.optimizer = model_dir, model, optimizer
-        self.moving_average = moving_average
+        self.moving_average, self.dropout = moving_average, dropout
         self.tracked = {"model": model, "optimizer": optimizer}
         if moving_average is not None:
             self.tracked["moving_average"] = moving_average
+        if dropout is not None:
+            self.tracked["dropout_progress"] = dropout.progress
         dropout_rng = dropout_states(model)
         if dropout_rng:
             self.tracked["dropout_rng"] = dropout_rng
@@ -75,8 +82,9 @@ class Checkpointer:
 
         A damaged checkpoint (cut short by a crash or a full disk) is passed over with a
         warning line. A moving average that the checkpoint lacks starts from the restored
-        weights, and dropout's random numbers it lacks (a checkpoint from before they were
-        kept) from the seed, each with a line saying so. Raises ModelDirError, one line
+        weights, dropout's random numbers it lacks (a checkpoint from before they were
+        kept) from the seed, and a dropout schedule's progress it lacks (a run that had
+        none) from this run's, each with a line saying so. Raises ModelDirError, one line
         naming the flag and the checkpoint, when this run's flags build what the checkpoint
         cannot fill.
         """
@@ -87,7 +95,8 @@ class Checkpointer:
         names = {name for name, _ in tf.train.list_variables(path)}
         self._check_precision(path, names)
         lacks = {key for key, prefix in (("moving_average", _MOVING_AVERAGE),
-                                         ("dropout_rng", _DROPOUT_RNG))
+                                         ("dropout_rng", _DROPOUT_RNG),
+                                         ("dropout_progress", _DROPOUT_PROGRESS))
                  if key in self.tracked and not any(name.startswith(prefix) for name in names)}
         checkpoint = tf.train.Checkpoint(
             **{key: value for key, value in self.tracked.items() if key not in lacks})
@@ -105,6 +114,9 @@ class Checkpointer:
         if "dropout_rng" in lacks:
             log(f"{path} holds no state of dropout's random numbers: the masks after step "
                 f"{self.step} are drawn from the seed's start, not where its run left them")
+        if "dropout_progress" in lacks:
+            log(f"{path} holds no progress of a dropout schedule: --dropout_schedule="
+                f"{self.dropout.schedule} starts from this run's progress at step {self.step}")
         self.restored = path
         return self.step
 

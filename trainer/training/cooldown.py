@@ -11,13 +11,27 @@ given budget should do. The trainer multiplies the schedule's rate by `cooldown_
 from typing import Optional
 
 
+def run_progress(step: int, train_steps: int, elapsed: float = 0.0,
+                 budget: Optional[float] = None) -> float:
+    """How far a run is, in [0, 1]: the larger of step / train_steps and, with a budget,
+    elapsed / budget (seconds of this invocation), so whichever ends the run counts.
+
+    >>> run_progress(250, 1000, elapsed=1800, budget=3600)
+    0.5
+    """
+    done = step / train_steps
+    if budget:
+        done = max(done, elapsed / budget)
+    return min(1.0, done)
+
+
 def cooldown_factor(fraction: float, step: int, train_steps: int, elapsed: float = 0.0,
                     budget: Optional[float] = None) -> float:
     """The multiplier of the schedule's learning rate for the update after `step`.
 
     1 until the last `fraction` of the run, then linear down to 0 at its end. The run's
-    progress is the larger of step / train_steps and, with a budget, elapsed / budget
-    (seconds of this invocation), so whichever ends the run ends the decay.
+    progress is `run_progress`'s, so whichever of the steps and the budget ends the run
+    ends the decay.
 
     Args:
       fraction: the cooldown's share of the run, in [0, 1]; 0 keeps the schedule as it is.
@@ -35,7 +49,5 @@ def cooldown_factor(fraction: float, step: int, train_steps: int, elapsed: float
     """
     if fraction <= 0.0:
         return 1.0
-    done = step / train_steps
-    if budget:
-        done = max(done, elapsed / budget)
+    done = run_progress(step, train_steps, elapsed, budget)
     return min(1.0, max(0.0, (1.0 - done) / fraction))

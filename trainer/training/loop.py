@@ -19,7 +19,7 @@ from trainer.data.input_pipeline import Data
 from trainer.model_dir.best import BestTracker
 from trainer.training import distribute
 from trainer.training.checkpointing import Checkpointer
-from trainer.training.cooldown import cooldown_factor
+from trainer.training.cooldown import cooldown_factor, run_progress
 from trainer.training.preemption import PreemptionWatcher
 from trainer.training.progress import TrainingProgress, StepStatistics
 from trainer.training.stream import TrainingStream
@@ -51,7 +51,8 @@ class Trainer:
         self.model, self.optimizer, self.data, self.strategy = model, optimizer, data, strategy
         self.run, self.checkpointer, self.validator, self.log = run, checkpointer, validator, log
         self.chief = distribute.is_chief()
-        self.update = Updater(model, optimizer, strategy, run, checkpointer.moving_average)
+        self.update = Updater(model, optimizer, strategy, run, checkpointer.moving_average,
+                              checkpointer.dropout)
         self.stream = None  # TrainingStream, from restore()
         # The best validation (--keep_best) and early stopping's patience, on the chief.
         self.best = (BestTracker(model, run.model_dir, run.keep_best or "bleu",
@@ -68,6 +69,12 @@ class Trainer:
         """Restores the latest checkpoint and positions the training stream after it;
         returns the step."""
         step = self.checkpointer.restore(self.log)
+        dropout = self.checkpointer.dropout
+        if dropout is not None:  # the larger of the progress kept and this run's
+            dropout.advance(run_progress(step, self.run.train_steps))
+            self.log(f"dropout {float(dropout.rate.numpy()):g} from step {step} "
+                     f"(progress {float(dropout.progress.numpy()):.3f} of "
+                     f"{dropout.schedule})")
         self.stream = TrainingStream(self.strategy, self.data, self.run.model_dir,
                                      self.run.keep_checkpoints, self.run.accum_steps, self.log)
         self.stream.restore(step)
@@ -117,10 +124,12 @@ class Trainer:
             for _ in range(run.accum_steps):
                 self.update.accumulate(self.stream.next())
             now = time.time()
-            factor = cooldown_factor(run.cooldown, step, run.train_steps,
-                                     budget - (deadline - now) if budget else 0.0, budget)
+            elapsed = budget - (deadline - now) if budget else 0.0
+            factor = cooldown_factor(run.cooldown, step, run.train_steps, elapsed, budget)
             # Tensors: the host reads only at the intervals below.
-            stats = self.update.apply(factor, budget_spent=budget is not None and now > deadline)
+            stats = self.update.apply(
+                factor, budget_spent=budget is not None and now > deadline,
+                progress=run_progress(step + 1, run.train_steps, elapsed, budget))
             step += 1
             # The chief's clock, read by every worker at the same steps (whatever budget
             # each was given).
@@ -128,7 +137,7 @@ class Trainer:
             last = step == run.train_steps or out_of_time
             if step % run.log_every == 0 or last:
                 self._raise_if_nonfinite(progress)
-                progress.update(step, stats, self._tokens_since_read())
+                progress.update(step, stats, self._tokens_since_read(), self._dropout_rate())
             if out_of_time:
                 progress.end_line()
                 self.log(f"time budget of {run.max_train_minutes:g} minutes spent at step {step}"
@@ -183,7 +192,7 @@ class Trainer:
         other; returns its path."""
         self._raise_if_nonfinite(progress)
         if step % self.run.log_every:
-            progress.update(step, stats, self._tokens_since_read())
+            progress.update(step, stats, self._tokens_since_read(), self._dropout_rate())
         progress.end_line()
         if step % self.run.checkpoint_every == 0:  # written already
             return self.checkpointer.latest
@@ -198,6 +207,11 @@ class Trainer:
             kept = (f"the last good checkpoint is {self.checkpointer.latest}"
                     if self.checkpointer.latest else "no checkpoint was written before it")
             raise TrainingError(f"non-finite loss at step {bad_step}; stopping: {kept}")
+
+    def _dropout_rate(self) -> Optional[float]:
+        """The dropout schedule's rate now (a host read), None without a schedule."""
+        dropout = self.checkpointer.dropout
+        return None if dropout is None else float(dropout.rate.numpy())
 
     def _tokens_since_read(self) -> float:
         """Source + target tokens of the updates since the last call (a host read)."""

@@ -31,7 +31,8 @@ def _clock(seconds: float) -> str:
 class TrainingProgress:
     """Reports every `log_every` updates: "step 120/20000  loss 6.78  lr 2.35e-04
     8,748 tok/s  elapsed 2:15  ETA 49:52" and the statistics as TensorBoard scalars
-    (the StepStatistics fields and tokens_per_second).
+    (the StepStatistics fields and tokens_per_second; with a dropout schedule, its rate
+    as "dropout", also on the line).
 
     On a terminal the line is rewritten in place; in a file it is one line per interval.
     The ETA is the sooner of train_steps at this invocation's pace and the end of the
@@ -59,10 +60,11 @@ class TrainingProgress:
         self.start_step = start_step
         self.line_open = False
 
-    def update(self, step: int, stats: StepStatistics, tokens: float):
+    def update(self, step: int, stats: StepStatistics, tokens: float,
+               dropout: Optional[float] = None):
         """Reports `step`'s statistics; `tokens` are the source and target tokens of
-        the updates since the last report. The trainer calls it every log_every updates
-        and at the last one."""
+        the updates since the last report, `dropout` a dropout schedule's rate (None
+        without one). The trainer calls it every log_every updates and at the last one."""
         now = time.time()
         tokens_per_second = tokens / max(now - self.last_time, 1e-9)
         self.last_time = now
@@ -72,10 +74,13 @@ class TrainingProgress:
             for name, value in stats._asdict().items():
                 tf.summary.scalar(name, float(value))
             tf.summary.scalar("tokens_per_second", tokens_per_second)
+            if dropout is not None:
+                tf.summary.scalar("dropout", dropout)
         elapsed = now - self.start_time
         line = (f"step {step}/{self.train_steps}  loss {float(stats.loss):.4f}  "
-                f"lr {float(stats.learning_rate):.3g}  {tokens_per_second:,.0f} tok/s  "
-                f"elapsed {_clock(elapsed)}")
+                f"lr {float(stats.learning_rate):.3g}  "
+                + (f"dropout {dropout:g}  " if dropout is not None else "")
+                + f"{tokens_per_second:,.0f} tok/s  elapsed {_clock(elapsed)}")
         eta = self.eta(step, now)
         if eta is not None:
             line += f"  ETA {_clock(eta)}"

@@ -19,6 +19,10 @@ worker applies the same one. So does whether the chief's time budget is spent, w
 worker reads at the same steps (every `log_every` updates): all stop at the same step,
 where workers deciding by their own clocks could leave one waiting in an all-reduce.
 
+With a dropout schedule (trainer/training/dropout_schedule.py), the chief's progress of the
+run after the update travels in it too, and the update sets the rate that the model's
+dropouts read in the updates that follow: a variable, so the update is traced once.
+
 """
 
 from typing import NamedTuple, Optional
@@ -32,6 +36,7 @@ from keras_transformer import (Transformer, TransformerConfig, WarmupSchedule, c
 from keras_transformer.special_ids import PAD_ID
 from trainer.config import RunConfig
 from trainer.model_dir.ema import MovingAverage
+from trainer.training.dropout_schedule import ScheduledRate
 from trainer.training.progress import StepStatistics
 
 
@@ -65,13 +70,18 @@ class Updater:
       strategy: from `trainer.training.distribute.make_strategy`.
       run: how to train (run.jit_compile).
       moving_average: the EMA of the weights, moved after every update; None for none.
+      dropout: a dropout schedule's state, which the model's dropouts follow and each
+        update advances; None: the model's fixed rate.
     """
 
     def __init__(self, model: Transformer, optimizer: keras.optimizers.Optimizer,
                  strategy: tf.distribute.Strategy, run: RunConfig,
-                 moving_average: Optional[MovingAverage] = None):
+                 moving_average: Optional[MovingAverage] = None,
+                 dropout: Optional[ScheduledRate] = None):
         self.model, self.optimizer, self.strategy, self.run = model, optimizer, strategy, run
-        self.moving_average = moving_average
+        self.moving_average, self.dropout = moving_average, dropout
+        if dropout is not None:
+            model.follow_dropout(dropout.rate)
         # float16: the loss is scaled, and the update unscales and may skip (see _update).
         self.loss_scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         with strategy.scope():
@@ -139,47 +149,56 @@ class Updater:
 
         self.strategy.run(step_fn, args=(batch,))
 
-    def apply(self, learning_rate_factor: float = 1.0, budget_spent: bool = False
-              ) -> StepStatistics:
+    def apply(self, learning_rate_factor: float = 1.0, budget_spent: bool = False,
+              progress: float = 0.0) -> StepStatistics:
         """One update from the accumulated gradients, with one all-reduce, at the
         schedule's learning rate times `learning_rate_factor`; `self.budget_spent` becomes
-        `budget_spent` (both the chief's: see the module docstring). Returns the step's
-        statistics as tensors (the loop reads them every log_every updates)."""
-        return self._apply_traced(tf.constant(learning_rate_factor, tf.float32),
-                                  tf.constant(float(budget_spent)))
+        `budget_spent`, and with a dropout schedule the rate becomes the schedule's at
+        `progress`, the run's after this update (all three the chief's: see the module
+        docstring). Returns the step's statistics as tensors (the loop reads them every
+        log_every updates)."""
+        chief = [tf.constant(learning_rate_factor, tf.float32), tf.constant(float(budget_spent))]
+        if self.dropout is not None:
+            chief.append(tf.constant(progress, tf.float32))
+        return self._apply_traced(*chief)
 
-    def _apply(self, learning_rate_factor: tf.Tensor, budget_spent: tf.Tensor
-               ) -> StepStatistics:
-        """`apply`, traced once: the factor and the flag are float32 [] tensors."""
+    def _apply(self, learning_rate_factor: tf.Tensor, budget_spent: tf.Tensor,
+               progress: Optional[tf.Tensor] = None) -> StepStatistics:
+        """`apply`, traced once: the factor, the flag and the progress are float32 []
+        tensors (no progress without a dropout schedule)."""
+        chief = [learning_rate_factor, budget_spent] + ([] if progress is None else [progress])
 
         def reduce_fn():
             context = tf.distribute.get_replica_context()
             chief_only = tf.cast(tf.equal(context.replica_id_in_sync_group, 0), tf.float32)
-            # The one all-reduce of the update: the totals and the chief's factor and
-            # budget flag travel with the gradients.
+            # The one all-reduce of the update: the totals and the chief's factor, budget
+            # flag (and progress) travel with the gradients.
             reduced = context.all_reduce(
                 tf.distribute.ReduceOp.SUM,
-                [t.read_value() for t in self.totals]
-                + [learning_rate_factor * chief_only, budget_spent * chief_only]
+                [t.read_value() for t in self.totals] + [c * chief_only for c in chief]
                 + [g.read_value() for g in self.gradient_sums])
             fields = len(Totals._fields)
             totals = Totals(*reduced[:fields])
             factor, spent = reduced[fields], reduced[fields + 1]
+            chief_progress = reduced[fields + 2] if progress is not None else tf.zeros([])
             tokens = tf.maximum(totals.target_tokens, 1.0)
             scale = self._loss_scale()
-            grads = [g / (tokens * scale) for g in reduced[fields + 2:]]
+            grads = [g / (tokens * scale) for g in reduced[fields + len(chief):]]
             for variable in [*self.gradient_sums, *self.totals]:
                 variable.assign(tf.zeros_like(variable))
-            return grads, spent > 0.5, StepStatistics(
+            return grads, (spent > 0.5, chief_progress), StepStatistics(
                 loss=totals.loss_sum / tokens, token_accuracy=totals.correct_tokens / tokens,
                 target_tokens=totals.target_tokens, source_tokens=totals.source_tokens,
                 gradient_norm=tf.linalg.global_norm(grads), loss_scale=scale,
                 learning_rate=tf.cast(self.optimizer.learning_rate, tf.float32) * factor)
 
-        grads, spent, stats = self.strategy.run(reduce_fn)
-        spent, stats = tf.nest.map_structure(
-            lambda t: self.strategy.experimental_local_results(t)[0], (spent, stats))
+        grads, (spent, chief_progress), stats = self.strategy.run(reduce_fn)
+        spent, chief_progress, stats = tf.nest.map_structure(
+            lambda t: self.strategy.experimental_local_results(t)[0],
+            (spent, chief_progress, stats))
         self.budget_spent.assign(spent)
+        if self.dropout is not None:
+            self.dropout.advance(chief_progress)
         self._update(grads, finite=tf.math.is_finite(stats.gradient_norm),
                      learning_rate=stats.learning_rate)
         if self.moving_average is not None:
