@@ -191,6 +191,71 @@ def test_with_beam_1_and_alpha_0_the_outputs_are_identical_token_for_token(train
         assert ours == (pieces[:len(ours)] if length == cap else pieces)
 
 
+def _model_bin_dtypes(path: Path):
+    """{variable name: its type on disk} of a CTranslate2 model.bin, read as
+    ctranslate2.specs.ModelSpec writes it (a version, the spec's name and revision, then
+    each variable: name, rank, dims, type id, byte count, bytes)."""
+    import struct
+    names = ("float32", "int8", "int16", "int32", "float16", "bfloat16")  # types.h's order
+    data = path.read_bytes()
+    offset = 0
+
+    def read(fmt):
+        nonlocal offset
+        values = struct.unpack_from("<" + fmt, data, offset)  # as written: no padding
+        offset += struct.calcsize("<" + fmt)
+        return values
+
+    def string():
+        nonlocal offset
+        (length,) = read("H")
+        offset += length
+        return data[offset - length:offset - 1].decode()
+
+    read("I")
+    string()
+    _, count = read("II")
+    dtypes = {}
+    for _ in range(count):
+        name = string()
+        (rank,) = read("B")
+        read(f"{rank}I")
+        type_id, size = read("BI")
+        offset += size
+        dtypes[name] = names[type_id]
+    return dtypes
+
+
+def test_the_default_export_is_int8_and_translates_as_float32_does(trained, tmp_path):
+    """`trainer.export --format=ctranslate2` without --quantization writes int8 weights
+    (every linear's and the embedding's weight int8 on disk, beside its float32 scale) into
+    saved_models/<name>-ctranslate2-int8, which CTranslate2 loads as int8 and whose beam
+    outputs are the float32 conversion's (200 of 200 measured; 97% asked)."""
+    model_dir, _, float32_dir, _ = trained
+    result = succeeded(program("export", f"--model_dir={model_dir}", "--format=ctranslate2",
+                               cwd=tmp_path))
+    out = tmp_path / "saved_models" / f"{model_dir.name}-ctranslate2-int8"
+    assert result.stdout.strip() == (
+        f"exported CTranslate2 model to saved_models/{model_dir.name}-ctranslate2-int8")
+    dtypes = _model_bin_dtypes(out / "model.bin")
+    weights = [name for name in dtypes if name.endswith("/weight")]
+    assert len(weights) > 20
+    assert all(dtypes[name] == "int8" and dtypes[f"{name}_scale"] == "float32"
+               for name in weights), {name: dtypes[name] for name in weights}
+    float32_dtypes = _model_bin_dtypes(float32_dir / "model.bin")  # the same variables
+    assert {float32_dtypes[name] for name in weights} == {"float32"}
+    assert not any(name.endswith("_scale") for name in float32_dtypes)
+    # As stored; CTranslate2's int8 computes with float32 activations on a CPU.
+    translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=2)
+    assert translator.compute_type.startswith("int8")
+    assert ctranslate2.Translator(str(float32_dir), device="cpu").compute_type == "float32"
+    texts = sources(200)
+    _, int8 = _ct2_translate(out, texts, 4, 0.6, 127)
+    _, float32 = _ct2_translate(float32_dir, texts, 4, 0.6, 127)
+    assert np.mean([a == b for a, b in zip(int8, float32)]) >= 0.97, [
+        (a, b) for a, b in zip(int8, float32) if a != b][:5]
+
+
 def test_pre_norm_learned_positions_and_separate_vocabularies_convert(tmp_path):
     """The variants the paper does not use convert too (and encoder and decoder depths
     apart, 3 and 1): a random model's greedy output, id for id."""
