@@ -62,20 +62,62 @@ def test_each_option_changes_what_it_should(loaded, translator):
     greedy_texts = translator.target_tokenizer.detokenize(greedy.ids[:, 0]).numpy()
     for beam, path in zip(beam_1["translations"][:, 0].numpy(), greedy_texts):
         assert path.split()[:len(beam.split())] == beam.split(), (beam, path)
-    # A larger beam: as many hypotheses as asked, sorted, never a worse best.
+    # A larger beam: as many hypotheses as asked, sorted, never a worse best than the
+    # export's beam of 4.
+    beam_4 = with_options(loaded, texts)
     beam_8 = with_options(loaded, texts, beam_size=8, num_hypotheses=8)
     assert beam_8["translations"].shape == (8, 8)
     scores = beam_8["scores"].numpy()
     assert np.all(scores[:, :-1] >= scores[:, 1:])
+    assert np.all(scores[:, 0] >= beam_4["scores"].numpy()[:, 0] - 1e-5)
     # Scores differ with alpha; log-probs of the same translations do not.
     plain = with_options(loaded, texts, alpha=0.0)
     np.testing.assert_allclose(plain["scores"], plain["log_probs"], rtol=1e-6)
+    # CTranslate2's stopping rule (a request's option) finishes hypotheses only from the
+    # beam_size best candidates and stops once beam_size have: its n-best is the exact
+    # rule's or below it, and on these inputs below (each 4th, by 0.85 nats).
+    exact, first = (with_options(loaded, texts, stopping=rule, num_hypotheses=4)["scores"]
+                    .numpy() for rule in ("exact", "first"))
+    assert np.all(first <= exact + 1e-5)
+    assert np.any(first < exact - 0.1), (first, exact)
+    # Its patience: a sentence waits for patience x beam_size finished hypotheses (rounded,
+    # and a step may finish several), so 0.25 (1) returns fewer than the 4 asked and 0.5
+    # (2) at least 2; waiting longer (2: 8) never gives a worse n-best.
+    patient = {patience: with_options(loaded, texts, stopping="first", num_hypotheses=4,
+                                      patience=patience)["scores"].numpy()
+               for patience in (0.25, 0.5, 1.0, 2.0)}
+    finished = {patience: np.isfinite(scores).sum(1) for patience, scores in patient.items()}
+    assert np.all((1 <= finished[0.25]) & (finished[0.25] < 4)), finished
+    assert np.all(finished[0.5] >= 2), finished
+    assert np.all(finished[1.0] == 4), finished
+    np.testing.assert_allclose(patient[1.0], first, rtol=1e-6)  # the default patience
+    assert np.all(patient[2.0] >= patient[1.0] - 1e-5)
+    # A non-zero alpha divides a hypothesis' log-prob by the paper's penalty,
+    # ((5 + |Y|) / 6)^alpha (section 6.1), |Y| its tokens with EOS: the |Y| each score
+    # implies is a whole number, 1 for the empty translation (EOS alone), and the same
+    # at every alpha for the same translation, whose log-prob alpha does not change.
+    implied = {}
+    for alpha in (0.6, 1.0):
+        got = with_options(loaded, texts, alpha=alpha, num_hypotheses=4)
+        lengths = 6.0 * (got["log_probs"].numpy() / got["scores"].numpy()) ** (1 / alpha) - 5
+        np.testing.assert_allclose(lengths, np.round(lengths), atol=1e-2)
+        for i, (row, log_probs, length) in enumerate(zip(
+                got["translations"].numpy(), got["log_probs"].numpy(), np.round(lengths))):
+            for translation, log_prob, n in zip(row, log_probs, length):
+                implied.setdefault((i, translation), []).append((n, log_prob))
+    assert all(n == 1 for i in range(len(texts)) for n, _ in implied[i, b""]), implied
+    for translation, seen in implied.items():
+        lengths, log_probs = np.array(seen).T
+        assert np.all(lengths == lengths[0]), (translation, seen)
+        np.testing.assert_allclose(log_probs, log_probs[0], atol=1e-4,
+                                   err_msg=str(translation))
+    # ... so that a large alpha ranks first a longer, less probable translation than
+    # alpha 0's best (here "", which scores its log-prob at any alpha), once the search
+    # looks on for it (the exact rule; Hugging Face's stops at "" here).
+    long = with_options(loaded, texts, alpha=2.0, stopping="exact")
+    assert np.all(long["scores"][:, 0] > plain["scores"][:, 0])
+    assert np.all(long["log_probs"][:, 0] < plain["log_probs"][:, 0])
     # max_extra_length 0: no output longer than its source (pieces + EOS).
-    # CTranslate2's stopping rule (a request's option) finishes hypotheses from fewer
-    # candidates and stops no later than the exact rule: its best never scores above.
-    exact, first = (with_options(loaded, texts, stopping=rule)["scores"][:, 0]
-                    for rule in ("exact", "first"))
-    assert np.all(first.numpy() <= exact.numpy() + 1e-5)
     short = with_options(loaded, ["seventy seven thousand three hundred"], max_extra_length=0,
                          beam_size=2)
     pieces = translator.source_ids(tf.constant(["seventy seven thousand three hundred"]))
