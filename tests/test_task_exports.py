@@ -90,3 +90,15 @@ def test_export_export_weights_ema_ships_the_latest_checkpoints_moving_average(r
     assert f"to {version}" in (runs / "export.txt").read_text()
     assert export_info(version)["checkpoints"] == [str(checkpoint)]
     assert_ships(version, moving_average(checkpoint), checkpoint_weights(model_dir, checkpoint))
+
+
+def test_task_average_last_ships_the_mean_of_the_last_checkpoints(runs):
+    """trainer.task --average_last=2: version 2 holds the mean of checkpoints 4 and 6, the
+    last two of the three (2, 4, 6) the directory holds, and not the last one's weights."""
+    model_dir, version = runs / "model", runs / "export" / "2"
+    last_two = [model_dir / "ckpt-4", model_dir / "ckpt-6"]
+    assert export_info(version)["checkpoints"] == [str(c) for c in last_two]
+    assert list(tf.train.get_checkpoint_state(str(model_dir)).all_model_checkpoint_paths) == [
+        str(model_dir / f"ckpt-{step}") for step in (2, 4, 6)]
+    four, six = (checkpoint_weights(model_dir, c) for c in last_two)
+    assert_ships(version, [(a + b) / 2 for a, b in zip(four, six)], six)
