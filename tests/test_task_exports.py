@@ -102,3 +102,24 @@ def test_task_average_last_ships_the_mean_of_the_last_checkpoints(runs):
         str(model_dir / f"ckpt-{step}") for step in (2, 4, 6)]
     four, six = (checkpoint_weights(model_dir, c) for c in last_two)
     assert_ships(version, [(a + b) / 2 for a, b in zip(four, six)], six)
+
+
+def test_a_run_again_resumes_where_the_last_stopped_and_exports_the_next_version(runs):
+    """The second trainer.task into the first's directories: it resumes from the first's
+    checkpoint 4, trains updates 5 and 6 only, and writes export version 2 beside version 1,
+    which it leaves as it was."""
+    model_dir, export_dir = runs / "model", runs / "export"
+    first, second = ((runs / f"{name}.txt").read_text() for name in ("first", "second"))
+    assert "resumed from" not in first
+    assert f"exported SavedModel to {export_dir / '1'}\n" in first
+    assert f"resumed from {model_dir / 'ckpt-4'} at step 4" in second
+    logged = [int(step) for step in re.findall(r"^step (\d+)/", second, re.M)]
+    assert logged and min(logged) > 4 and max(logged) == 6, second
+    assert f"exported SavedModel to {export_dir / '2'}\n" in second
+    assert export_info(export_dir / "2")["version"] == 2
+    assert latest_step(str(model_dir)) == 6
+    # Version 1 is still the first run's: the moving average of checkpoint 4.
+    assert export_info(export_dir / "1")["weights"] == "ema"
+    for weight, want in zip(exported_weights(export_dir / "1"),
+                            moving_average(model_dir / "ckpt-4")):
+        np.testing.assert_array_equal(weight, want)
