@@ -176,6 +176,21 @@ def test_a_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpo
             assert np.all(np.isfinite(reader.get_tensor(name))), name
 
 
+def test_a_non_finite_loss_before_the_first_checkpoint_says_none_was_written(tmp_path):
+    """A learning rate 1e30 times the schedule's: the first update throws the weights so
+    far that the second's loss is not finite, and the host's read after update 4 names
+    step 2 and says that no checkpoint was written before it; none was."""
+    model_dir = str(tmp_path / "run")
+    result = program("task", *QUICK, "--train_steps=8", "--checkpoint_every=4",
+                     "--log_every=4", "--learning_rate_scale=1e30", f"--model_dir={model_dir}")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "trainer.task: error: non-finite loss at step 2; stopping: no checkpoint was written "
+        "before it")
+    assert tf.train.latest_checkpoint(model_dir) is None
+    assert not [line for line in result.stdout.splitlines() if line.startswith("step ")]
+
+
 def test_flags_are_checked_without_tensorflow():
     """The command line, its configs and the library's config are pure Python: a bad
     flag is reported before TensorFlow's start-up."""
