@@ -256,6 +256,68 @@ def test_the_default_export_is_int8_and_translates_as_float32_does(trained, tmp_
         (a, b) for a, b in zip(int8, float32) if a != b][:5]
 
 
+def test_the_shortlist_is_a_vmap_that_restricts_ctranslate2_to_its_candidates(
+        trained, tmp_path):
+    """--shortlist writes vmap.txt: the K most frequent target pieces of the corpus under
+    the empty key, and each source piece's M most co-occurring others. With use_vmap=True
+    CTranslate2 translates each input among the frequent pieces, its source pieces'
+    lists and the special pieces it adds itself (<unk>, <s>, </s>), and only that changes:
+    an output that keeps to those pieces without the map is the same with it.
+
+    A real export of its own (5 s): the shortlist is made at export time, from a corpus of
+    2,000 pairs of the builtin corpus; K 50 and M 5 are small enough that some outputs of
+    the whole vocabulary (20 of 200 measured) leave their candidates."""
+    import collections
+    import sentencepiece as spm
+    from trainer.data.builtin_corpus import english, german
+    model_dir, _, float32_dir, _ = trained
+    numbers = [3 + 97 * i for i in range(2000)]
+    corpus = {"src.txt": english, "tgt.txt": german}
+    for name, language in corpus.items():
+        (tmp_path / name).write_text("\n".join(language(n) for n in numbers) + "\n", "utf-8")
+    out = tmp_path / "ct2"
+    succeeded(program("export", f"--model_dir={model_dir}", "--format=ctranslate2",
+                      "--quantization=float32", f"--export_dir={out}",
+                      f"--shortlist={tmp_path / 'src.txt'},{tmp_path / 'tgt.txt'}",
+                      "--shortlist_frequent=50", "--shortlist_per_source=5"))
+    vmap = {}
+    for line in (out / "vmap.txt").read_text("utf-8").splitlines():
+        key, tab, pieces = line.partition("\t")
+        assert tab and key not in vmap, line
+        vmap[key] = set(pieces.split())
+    sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
+    pairs = [(sp.encode(english(n), out_type=str), sp.encode(german(n), out_type=str))
+             for n in numbers]
+    counts = collections.Counter(piece for _, target in pairs for piece in target)
+    frequent = vmap.pop("")
+    assert len(frequent) == 50 and min(counts[p] for p in frequent) >= max(
+        count for piece, count in counts.items() if piece not in frequent)
+    seen_with = collections.defaultdict(set)  # source piece -> target pieces of its pairs
+    for source, target in pairs:
+        for piece in source:
+            seen_with[piece].update(target)
+    assert vmap and all(0 < len(listed) <= 5 and not listed & frequent
+                        and listed <= seen_with[key] for key, listed in vmap.items())
+
+    texts = sources(200)
+    inputs = [sp.encode(text, out_type=str) for text in texts]
+    # At most the model's 127 positions after BOS: a restricted search may loop.
+    search = dict(beam_size=4, length_penalty=0.6, max_decoding_length=126,
+                  min_decoding_length=0, suppress_sequences=SUPPRESS)
+    whole = [r.hypotheses[0] for r in ctranslate2.Translator(
+        str(float32_dir), device="cpu", intra_threads=2).translate_batch(inputs, **search)]
+    translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=2)
+    kept = 0
+    for pieces, free in zip(inputs, whole):  # one input a request: its own candidates
+        candidates = frequent.union(*(vmap.get(p, ()) for p in pieces), {"<unk>", "<s>", "</s>"})
+        found = translator.translate_batch([pieces], use_vmap=True, **search)[0].hypotheses[0]
+        assert set(found) <= candidates, (pieces, found)
+        if set(free) <= candidates:
+            assert found == free, (pieces, found, free)
+            kept += 1
+    assert 0.5 * len(texts) <= kept < len(texts)
+
+
 def test_pre_norm_learned_positions_and_separate_vocabularies_convert(tmp_path):
     """The variants the paper does not use convert too (and encoder and decoder depths
     apart, 3 and 1): a random model's greedy output, id for id."""
