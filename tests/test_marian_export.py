@@ -37,10 +37,14 @@ NUMBERS = [7, 21, 305, 4096, 70013, 918273, 12, 600, 55555, 100]
 
 
 @pytest.mark.parametrize("name", ["shared_swish", "separate_gelu", "deeper_encoder"])
-def test_a_converted_model_exports_to_the_tensors_it_was_converted_from(name, tmp_path):
+def test_a_converted_model_exports_to_the_tensors_it_was_converted_from(
+        name, tmp_path, capsys):
     checkpoint = FIXTURES / name
     marian.convert(str(checkpoint), str(tmp_path / "converted"))
+    capsys.readouterr()
     out = Path(marian_export.export(str(tmp_path / "converted"), str(tmp_path / "marian")))
+    # Its PAD's output bias gives PAD nothing of the softmax: no line on PAD's share.
+    assert "PAD" not in capsys.readouterr().err
     original = safetensors.load(str(checkpoint / "model.safetensors"))
     exported = safetensors.load(str(out / "model.safetensors"))
     assert sorted(exported) == sorted(original)
@@ -134,6 +138,7 @@ def test_a_trained_model_exported_and_converted_back_computes_its_logits(
     assert [line.split(" ")[0] for line in notes[-3:]] == \
         ["Marian's", "generate()", "generate()"]
     assert "gnmt penalty ((5 + length) / 6)^0.6" in notes[-2]
+    assert sum(line.startswith(PAD_NOTE) for line in notes) == 1
     assert not any("stops a sentence" in line for line in notes)
     marian.convert(str(out), str(tmp_path / "back"))
     model, back = (layout.restore_model(str(d)) for d in (trained[kind], tmp_path / "back"))
@@ -402,6 +407,72 @@ def test_marians_epsilon_moves_transformers_log_probs_by_what_the_export_says(
     logits[..., PAD_ID] = -np.inf
     np.testing.assert_allclose(at_targets(logits), with_ours, atol=1e-5, rtol=0)
     assert np.mean(np.abs(ours - with_marians)) > 10 * change  # PAD's share, mostly
+
+
+PAD_NOTE = "Marian's vocabulary has no id for this model's PAD"
+
+
+@pytest.mark.xdist_group("main_job")
+def test_transformers_scores_the_main_jobs_outputs_above_the_saved_model_by_pads_share(
+        main_job, tmp_path):
+    """The main job's model exported by `trainer.export --format=marian`, as a user runs
+    it: Transformers' log-prob of each of generate()'s 300 outputs is the float32
+    SavedModel's `score` plus the share the model's softmax gives its PAD id at each
+    token, which Marian's vocabulary lacks, and the export says how much that is a token
+    (label smoothing's 0.1 / 500, measured 2.0e-4 a token, 2.0e-3 a sentence at most).
+    What is left, within 1e-5 a token, is Marian's epsilon (1e-6 a token, the note's other
+    line) and float32's rounding; the final logits bias is zeros, as the model has no
+    output bias."""
+    torch = pytest.importorskip("torch", reason="Transformers needs torch: pip install torch")
+    transformers = pytest.importorskip("transformers", reason="pip install transformers")
+    import tensorflow_text  # noqa: F401
+    model_dir = main_job.directory / "runs" / "tiny_builtin"
+    out = tmp_path / "marian"
+    result = succeeded(program("export", "--format=marian", f"--model_dir={model_dir}",
+                               f"--export_dir={out}"))
+    config = layout.load_config(str(model_dir))
+    assert (config.label_smoothing, config.vocab_size, config.output_bias) == (0.1, 500, False)
+    share = config.label_smoothing / config.vocab_size
+    lines = [line for line in result.stderr.splitlines() if line.startswith(PAD_NOTE)]
+    assert lines == [f"{PAD_NOTE}, to which its softmax gives a share: Transformers' log-probs "
+                     "are higher than the model's by that share (about label smoothing's "
+                     "0.1 / 500 = 0.0002 a token once trained)"], result.stderr
+
+    inputs = [english(n) for n in NUMBER_WORDS]
+    hf = transformers.MarianMTModel.from_pretrained(str(out)).eval()
+    tokenizer = transformers.MarianTokenizer.from_pretrained(str(out))
+    assert not hf.final_logits_bias.any()
+    with torch.no_grad():
+        outputs = tokenizer.batch_decode(
+            hf.generate(**tokenizer(inputs, return_tensors="pt", padding=True)),
+            skip_special_tokens=True)
+    batch = tokenizer(inputs, text_target=outputs, return_tensors="pt", padding=True)
+    labels = batch.pop("labels")
+    start = torch.full((len(inputs), 1), hf.config.decoder_start_token_id)
+    with torch.no_grad():
+        logits = hf(**batch, decoder_input_ids=torch.cat([start, labels[:, :-1]], 1)).logits
+    tokens = labels != hf.config.pad_token_id
+    theirs = (torch.log_softmax(logits, -1).gather(-1, labels[..., None])[..., 0]
+              * tokens).sum(1).numpy()
+
+    loaded = tf.saved_model.load(str(main_job.directory / "saved_models" / "tiny_builtin" / "1"))
+    scored = loaded.signatures["score"](inputs=tf.constant(inputs), targets=tf.constant(outputs))
+    ours, lengths = scored["log_probs"].numpy(), scored["lengths"].numpy()
+    assert lengths.tolist() == tokens.sum(1).tolist()  # the same tokens, EOS included
+    difference = theirs - ours
+    assert np.all(difference > 0)
+    np.testing.assert_allclose(difference.sum() / lengths.sum(), share, rtol=0.25)
+
+    # PAD's share at each token, from the model's own teacher-forced softmax.
+    model = layout.restore_model(str(model_dir))
+    tokenizers = vocabulary.load_or_train(str(model_dir), None)
+    targets = _ids(tokenizers.target, outputs, eos=True)
+    log_probs = tf.nn.log_softmax(_teacher_forced(
+        model, _ids(tokenizers.source, inputs, eos=True), [t[:-1] for t in targets])).numpy()
+    pad_share = np.array([-np.log1p(-np.exp(log_probs[row, :len(t), PAD_ID])).sum()
+                          for row, t in enumerate(targets)])
+    np.testing.assert_array_less(np.abs(difference - pad_share),
+                                 10 * marian_export.EPSILON_LOG_PROB_CHANGE * lengths)
 
 
 @pytest.mark.parametrize("field,value,says", [

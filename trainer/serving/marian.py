@@ -25,9 +25,10 @@ So a converted model exports to the tensors it was converted from.
 
 What Marian cannot express stops the export with one line naming the field: pre-norm
 blocks, learned positions, heads narrower or wider than d_model / heads. What it
-expresses differently gets one line each: the layer norms' epsilon (Marian's is 1e-5), and
-the search settings generate() cannot take (the gnmt length penalty, the exact stopping
-rule, a limit set by the input's length).
+expresses differently gets one line each: the layer norms' epsilon (Marian's is 1e-5), the
+PAD id its softmax lacks (the share a model trained here gives PAD, label smoothing's,
+goes to the other ids), and the search settings generate() cannot take (the gnmt length
+penalty, the exact stopping rule, a limit set by the input's length).
 """
 
 import dataclasses
@@ -40,7 +41,7 @@ from typing import List, Optional
 import numpy as np
 
 from keras_transformer import DecodeConfig, TransformerConfig
-from keras_transformer.special_ids import BOS_ID, EOS_ID, UNK_ID
+from keras_transformer.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from trainer.formats import marian as marian_format, safetensors
 from trainer.data import vocabulary
 from trainer.model_dir import files, layout
@@ -53,6 +54,9 @@ MARIAN_EPSILON = 1e-5  # nn.LayerNorm's default, which MarianMTModel's layers ke
 # TransformerConfig's 1e-6: 1.1e-6 on average on the main job's model (docs/pretrained.md,
 # "Back to Hugging Face"; tests/test_marian_export.py keeps it under 1e-5).
 EPSILON_LOG_PROB_CHANGE = 1e-6
+# Beyond this the output bias of PAD leaves it nothing of the softmax: a model converted
+# from Marian (trainer/conversion/marian.py's ABSENT_BIAS, -1e4), fine-tuned or not.
+_PAD_ABSENT_BIAS = -100.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +107,9 @@ def export(model_dir: str, export_dir: str, options: Options = Options()) -> str
     if not all(languages):
         print(f"the model card ({MODEL_CARD}) names no languages: give --source_lang and "
               "--target_lang for the Hub's language tags", file=sys.stderr, flush=True)
-    for note in notes(config, decode, tokenizers.normalize_punctuation):
+    pad_in_softmax = not (config.output_bias and
+                          float(model.embedding.bias[PAD_ID]) < _PAD_ABSENT_BIAS)
+    for note in notes(config, decode, tokenizers.normalize_punctuation, pad_in_softmax):
         print(note, file=sys.stderr, flush=True)
     return export_dir
 
@@ -121,8 +127,12 @@ def unexpressible(config: TransformerConfig) -> str:
 
 
 def notes(config: TransformerConfig, decode: DecodeConfig,
-          normalize_punctuation: Optional[str] = None) -> List[str]:
-    """One line for each setting the checkpoint takes otherwise than the model directory."""
+          normalize_punctuation: Optional[str] = None,
+          pad_in_softmax: bool = True) -> List[str]:
+    """One line for each setting the checkpoint takes otherwise than the model directory.
+
+    pad_in_softmax: the model's softmax gives its PAD id a share (a model trained here;
+    not one converted from Marian, whose PAD has an output bias of -1e4)."""
     lines = []
     if normalize_punctuation:
         lines.append(f"MarianTokenizer does not normalize punctuation, as this model directory "
@@ -134,6 +144,15 @@ def notes(config: TransformerConfig, decode: DecodeConfig,
                   else "its logits differ slightly")
         lines.append(f"Marian's layer norms add {MARIAN_EPSILON:g} to the variance where this "
                      f"model's add {config.layer_norm_epsilon:g}: {effect}")
+    if pad_in_softmax:
+        # Label smoothing's target gives every id, PAD too, label_smoothing / vocab_size;
+        # a trained model's softmax comes to give PAD about that.
+        share = (f"about label smoothing's {config.label_smoothing:g} / {config.vocab_size} = "
+                 f"{config.label_smoothing / config.vocab_size:.2g} a token once trained"
+                 if config.label_smoothing else "what it learned")
+        lines.append(f"Marian's vocabulary has no id for this model's PAD, to which its softmax "
+                     f"gives a share: Transformers' log-probs are higher than the model's by "
+                     f"that share ({share})")
     if decode.length_penalty != "average":
         lines.append(f"generate() ranks beams by log-prob / length^{decode.alpha:g}, not by "
                      f"the model directory's gnmt penalty ((5 + length) / 6)^{decode.alpha:g}")
