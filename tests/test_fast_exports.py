@@ -138,8 +138,17 @@ def test_the_int8_and_shortlist_exports_translate_as_float32_in_a_fresh_python(
     exact = {name: 100 * np.mean([t == g for t, g in zip(outputs[str(path)], german)])
              for name, path in exports.items()}
     assert exact["float32"] > 99.0, exact
+    # As float32: at most 2 of the 1,000 translations differ from float32's (so the exact
+    # matches are within 0.2 points). Measured on the 2-core EPYC: 0 (int8), 0
+    # (int8_bfloat16) and 1 (shortlist: a piece it leaves out), and 2 leaves room for one
+    # near-tie more on another CPU's kernels. What it catches: a shortlist of 13 pieces
+    # per source instead of 20 changes 3 (0.3 points of exact matches); int8 weights in
+    # 5 levels instead of 127 change 1, in 3 levels 970.
+    float32 = outputs[str(exports["float32"])]
     for name in ("int8", "int8_bfloat16", "shortlist"):
-        assert abs(exact[name] - exact["float32"]) <= 0.5, exact
+        differ = [(english[i], t, float32[i]) for i, t in enumerate(outputs[str(exports[name])])
+                  if t != float32[i]]
+        assert len(differ) <= 2, (name, exact, differ)
 
 
 def test_the_shortlist_is_stored_and_ranks_fewer_pieces_than_the_vocabulary(exports):
