@@ -152,20 +152,75 @@ def test_graph_holds_only_core_tensorflow_and_tensorflow_text_ops(exported):
     assert all(t.startswith("Sentencepiece") for t in not_core), not_core
 
 
-def test_warmup_file_holds_a_request_per_signature_that_the_export_answers(exported, loaded):
+def test_warmup_file_holds_a_request_per_signature_that_the_export_answers(exported, loaded,
+                                                                           sentencepiece):
     from tensorflow_serving.apis import prediction_log_pb2
+    from trainer.serving.warmup import TEXTS
     path = exported.version_dir / "assets.extra" / "tf_serving_warmup_requests"
     logs = [prediction_log_pb2.PredictionLog.FromString(record.numpy())
             for record in tf.data.TFRecordDataset(str(path))]
     requests = [log.predict_log.request for log in logs]
     assert sorted(r.model_spec.signature_name for r in requests) == sorted(SIGNATURES)
     assert {r.model_spec.name for r in requests} == {"export"}
+    sent, got = {}, {}
     for request in requests:
+        name = request.model_spec.signature_name
         inputs = {k: tf.constant(tf.make_ndarray(v)) for k, v in request.inputs.items()}
-        outputs = loaded.signatures[request.model_spec.signature_name](**inputs)
+        outputs = loaded.signatures[name](**inputs)
         batch = max(v.shape[0] for v in inputs.values() if v.shape.rank)
         assert batch > 0
         assert all(v.shape[0] == batch for v in outputs.values())
+        sent[name] = {k: v.numpy() for k, v in inputs.items()}
+        got[name] = {k: v.numpy() for k, v in outputs.items()}
+    # The answers are the export's own: the texts' translations as serving_default gives
+    # them, which nbest, attention and translate_with_options (asking for the export's
+    # settings) give too; and for the requests no other signature answers (translate_ids,
+    # score, sample), each row gets what it gets sent alone.
+    texts = [t.encode() for t in TEXTS]
+    assert sent["serving_default"]["inputs"].tolist() == texts
+    best = got["serving_default"]
+    direct = loaded.signatures["serving_default"](inputs=tf.constant(texts))
+    np.testing.assert_array_equal(best["translations"], direct["translations"])
+    np.testing.assert_allclose(best["scores"], direct["scores"], rtol=1e-6)
+    assert best["translations"][1] == b"" and best["scores"][1] == 0.0  # the empty text
+    nbest = got["nbest"]
+    for name in ("nbest", "attention", "translate_with_options"):
+        assert sent[name]["inputs"].tolist() == texts, name
+    np.testing.assert_array_equal(nbest["translations"][:, 0], best["translations"])
+    np.testing.assert_allclose(nbest["scores"][:, 0], best["scores"], rtol=1e-5)
+    np.testing.assert_array_equal(got["attention"]["translations"], best["translations"])
+    options, prefixes = got["translate_with_options"], sent["translate_with_options"]
+    free = prefixes["target_prefix"] == b""
+    k = options["translations"].shape[1]
+    np.testing.assert_array_equal(options["translations"][free], nbest["translations"][free, :k])
+    np.testing.assert_allclose(options["scores"][free], nbest["scores"][free, :k], rtol=1e-5)
+    info = json.loads((exported.version_dir / "assets.extra" / "export.json").read_text())
+    for option in ("beam_size", "alpha", "stopping", "patience", "max_extra_length"):
+        value = info[option].encode() if isinstance(info[option], str) else np.array(
+            info[option], prefixes[option].dtype)  # alpha: as float32
+        assert np.all(prefixes[option] == value), (option, prefixes[option], info[option])
+    for prefix, row in zip(prefixes["target_prefix"][~free], options["translations"][~free]):
+        for translation in row:
+            start = sentencepiece.encode(prefix.decode())
+            assert sentencepiece.encode(translation.decode())[:len(start)] == start
+    # A prefixed row's log-prob counts its forced pieces: the teacher-forced log-prob of its
+    # output.
+    scored = loaded.signatures["score"](inputs=tf.constant(prefixes["inputs"][~free]),
+                                        targets=tf.constant(options["translations"][~free, 0]))
+    np.testing.assert_allclose(options["log_probs"][~free, 0], scored["log_probs"],
+                               rtol=1e-4, atol=1e-4)
+    for name, keys in (("translate_ids", ("lengths", "scores")),
+                       ("score", ("log_probs", "scores", "lengths")),
+                       ("sample", ("translations", "scores", "log_probs", "error"))):
+        for i in range(len(next(iter(got[name].values())))):
+            alone = loaded.signatures[name](**{
+                k: tf.constant(v[i:i + 1] if v.ndim else v) for k, v in sent[name].items()})
+            for key in keys:
+                expected, answer = alone[key].numpy()[0], got[name][key][i]
+                if np.asarray(expected).dtype.kind == "f":
+                    np.testing.assert_allclose(answer, expected, rtol=1e-5, err_msg=name)
+                else:
+                    np.testing.assert_array_equal(answer, expected, err_msg=name)
 
 
 def test_export_cli_averages_into_the_next_version_that_appears_only_complete(exported,
