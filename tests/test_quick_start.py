@@ -61,3 +61,22 @@ def test_the_main_job_translates_the_readmes_example_as_printed(main_job):
     run([sys.executable, "-c", fit], cwd=directory, env=_env())
     loaded = run([sys.executable, "-c", load], cwd=directory, env=_env())
     assert b"einundzwanzig" in loaded.stdout
+
+
+def test_the_main_job_run_again_resumes_and_exports_version_2(main_job, tmp_path):
+    """The README: "Run again, it resumes and exports version 2". The same command in a
+    copy of the main job's directory (the shared one stays as built): it resumes at the
+    last step, trains nothing, and writes saved_models/tiny_builtin/2 beside an unchanged
+    version 1. (It runs the main job a second time: the claim is about that run.)"""
+    import shutil
+    directory = tmp_path / "again"
+    shutil.copytree(main_job.directory, directory)
+    version_1 = directory / "saved_models" / "tiny_builtin" / "1"
+    before = (version_1 / "saved_model.pb").read_bytes()
+    job = run(["bash", "-c", MAIN_JOB], cwd=directory, env=_env(), timeout=600)
+    stdout = job.stdout.decode()
+    assert "resumed from runs/tiny_builtin/ckpt-1000 at step 1000" in stdout, stdout[-2000:]
+    assert "already at step 1000 of 1000; nothing to train" in stdout
+    assert "exported SavedModel to saved_models/tiny_builtin/2" in stdout
+    assert sorted(p.name for p in version_1.parent.iterdir()) == ["1", "2"]
+    assert (version_1 / "saved_model.pb").read_bytes() == before
