@@ -162,7 +162,8 @@ def _train_and_export(model_config: TransformerConfig, data_config: DataConfig,
     trainer = build_trainer(model_config, data, run, strategy, validator_args, log)
     if run.init_from and not trainer.checkpointer.latest:
         initialize(trainer, run.init_from, log)
-    log(f"model: {model_config.depth} layers, d_model {model_config.d_model}, "
+    norm = ", pre-norm" if model_config.pre_norm else ""
+    log(f"model: {model_config.depth} layers{norm}, d_model {model_config.d_model}, "
         f"{model_config.num_heads} heads, d_ff {model_config.d_ff}, vocabulary "
         f"{model_config.vocab_size} ({trainer.model.count_params() / 1e6:.2f}M parameters); "
         f"{strategy.num_replicas_in_sync} replica(s), {run.precision}; "
