@@ -2,7 +2,8 @@
 num_encoder_layers=3,num_decoder_layers=1`, the shape the Multi30k recipe can take) in every
 export the paper's post-norm model has: the SavedModel in each serving dtype translates as
 the model does, CTranslate2's search over its conversion gives the SavedModel's tokens and
-scores at equal rules, and the Marian export refuses it in one line."""
+scores at equal rules. The Marian export's one-line refusal of pre-norm is
+test_marian_export.py's."""
 
 import json
 
@@ -104,13 +105,3 @@ def test_ctranslate2_gives_the_saved_models_tokens_and_scores_at_equal_rules(bui
             assert ids[i, :lengths[i]].tolist() == theirs + [3], texts[i]
             assert abs(result.scores[0] - scores[i]) < 1e-5, texts[i]
 
-
-def test_the_marian_export_refuses_it_in_one_line(built, tmp_path):
-    model_dir = built / "model"
-    result = program("export", "--format=marian", f"--model_dir={model_dir}",
-                     f"--export_dir={tmp_path / 'out'}")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (
-        f"trainer.export: error: {model_dir}: pre_norm=True: Marian's blocks are post-norm; "
-        "Marian (MarianMTModel) cannot express it")
-    assert not (tmp_path / "out").exists()
